@@ -1,0 +1,5 @@
+"""``python -m ocrserve`` runs the command-line interface."""
+
+from ocrserve.cli import main
+
+main()

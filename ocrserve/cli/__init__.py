@@ -1,0 +1,32 @@
+"""The ``ocrserve`` command line (Typer + Rich). Each command lives in a module of its own."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="ocrserve",
+    help="Serve document OCR at scale: plan, launch, query and benchmark OCR engines.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Serve document OCR at scale: plan, launch, query and benchmark OCR engines."""
+
+
+def _register() -> None:
+    from ocrserve.cli import profiles
+
+    app.command(name="profiles")(profiles.profiles)
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point of the ``ocrserve`` console script."""
+    app()

@@ -1,0 +1,188 @@
+"""Profiles: validated configuration for the gateway, preprocessor, router and engine.
+
+A profile is a YAML file in ``configs/`` (``local``, ``debug``, ``prod`` and GPU presets) or any
+path to one. Values are layered, later wins:
+
+1. the profile's YAML file,
+2. environment variables ``OCRSERVE_<SECTION>__<KEY>`` (e.g. ``OCRSERVE_SERVER__PORT=9000``),
+3. ``--set section.key=value`` overrides from the command line (values parsed as YAML scalars).
+
+Every model forbids unknown keys, so a typo is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ENV_PREFIX = "OCRSERVE_"
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(Section):
+    """The gateway's HTTP server."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: list[str] = Field(default_factory=list, description="Bearer keys; empty = no auth")
+    max_upload_mb: float = Field(50.0, gt=0, description="Largest request body, MiB (413 above)")
+    log_level: str = "info"
+
+
+class OnnxEngineConfig(Section):
+    """The embedded CPU engine (rapidocr's PP-OCR ONNX models)."""
+
+    det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
+    max_batch_size: int = Field(32, ge=1, description="Recognition crops per ONNX run")
+    max_wait_ms: float = Field(5.0, ge=0, description="How long a batch waits to fill, ms")
+    intra_op_num_threads: int = Field(0, ge=0, description="onnxruntime threads per op; 0 = one per core")
+    text_score: float = Field(0.5, ge=0, le=1, description="Lines scored below are dropped")
+
+
+class EngineConfig(Section):
+    """Which OCR engine runs behind the gateway."""
+
+    kind: Literal["onnx", "vllm", "transformers"] = "onnx"
+    model: str = "rapidocr/PP-OCRv6-small"
+    onnx: OnnxEngineConfig = Field(default_factory=OnnxEngineConfig)
+
+
+class PreprocessConfig(Section):
+    """Decoding limits and the pixel budget pages are normalized to.
+
+    ``min_pixels``/``max_pixels``/``factor`` follow Qwen2-VL's ``smart_resize`` (both sides a
+    multiple of ``factor``, area within the bounds, aspect ratio kept).
+    """
+
+    min_pixels: int = Field(56 * 56, ge=1)
+    max_pixels: int = Field(28 * 28 * 1280, ge=1)
+    factor: int = Field(28, ge=1, description="Both sides become multiples of this (patch x merge)")
+    max_side: int = Field(0, ge=0, description="Cap on the longer side after resizing, px; 0 = none")
+    max_pages: int = Field(200, ge=1, description="Pages per document (413 above)")
+    max_page_pixels: int = Field(150_000_000, ge=1, description="Decoded pixels per page (413 above)")
+    pdf_dpi: float = Field(200.0, gt=0, description="Resolution that defines a PDF page's pixel size")
+    workers: int = Field(0, ge=0, description="Decoding processes; 0 = one per core")
+
+
+class Config(Section):
+    """A whole profile. See the module docstring for how values are layered."""
+
+    profile: str = "local"
+    description: str = ""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+
+
+class ConfigError(ValueError):
+    """A profile that cannot be found, parsed or validated; the message names the key at fault."""
+
+
+def profile_path(profile: str) -> Path:
+    """Resolve ``profile`` (a name in ``configs/`` or a path to a YAML file).
+
+    Raises:
+        ConfigError: no such file.
+    """
+    candidate = Path(profile)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(f"profile file not found: {profile}")
+    named = CONFIG_DIR / f"{profile}.yaml"
+    if named.is_file():
+        return named
+    raise ConfigError(f"unknown profile {profile!r}; available: {', '.join(list_profiles())}")
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped in ``configs/``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and its YAML-parsed value.
+
+    Raises:
+        ConfigError: no ``=`` or an empty key.
+    """
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[list[str], Any]]:
+    """``OCRSERVE_A__B=v`` environment variables as key paths (lower-cased) and YAML values."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            path = name[len(ENV_PREFIX):].lower().split("__")
+            found.append((path, yaml.safe_load(raw) if raw.strip() else ""))
+    return found
+
+
+def _assign(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(
+    profile: str = "local",
+    overrides: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Load and validate a profile with environment and ``--set`` overrides applied.
+
+    Args:
+        profile: a name from ``configs/`` or a path to a YAML file.
+        overrides: ``key.path=value`` strings, applied last.
+        environ: environment to read ``OCRSERVE_*`` from (default: ``os.environ``).
+
+    Raises:
+        ConfigError: unknown profile, bad YAML, unknown key or invalid value (the message names
+            every offending key).
+    """
+    path = profile_path(profile)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: a profile must be a mapping of sections")
+    tree.setdefault("profile", path.stem)
+    for key_path, value in env_overrides(environ):
+        _assign(tree, key_path, value)
+    for item in overrides or []:
+        _assign(tree, *parse_override(item))
+    try:
+        return Config(**tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r}")
+        else:
+            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return f"invalid configuration (profile {path.name}): " + "; ".join(lines)

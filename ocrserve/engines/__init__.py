@@ -1,0 +1,20 @@
+"""OCR engines behind the gateway: ``onnx`` (embedded CPU), ``vllm`` (GPU), ``transformers`` (debug)."""
+
+from __future__ import annotations
+
+from ocrserve.config import Config
+from ocrserve.engines.base import Engine
+
+
+def create_engine(config: Config) -> Engine:
+    """Build (not start) the engine ``config.engine.kind`` names.
+
+    Raises:
+        ValueError: an engine kind this installation does not provide.
+    """
+    kind = config.engine.kind
+    if kind == "onnx":
+        from ocrserve.engines.onnx import OnnxEngine
+
+        return OnnxEngine(config.engine)
+    raise ValueError(f"engine.kind={kind!r} is not available in this installation")

@@ -1,0 +1,80 @@
+"""The interface every OCR engine implements.
+
+An engine takes normalized pages (:class:`ocrserve.pages.Page`) and returns one
+:class:`~ocrserve.pages.PageResult` per page, or raises :class:`PageError` for that page alone.
+It declares ``slots``: how many pages it can usefully work on at once, which the dispatcher
+uses for admission control. ``ready`` turns true once models are loaded and warmed.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Sequence
+
+from ocrserve.pages import Page, PageResult
+
+
+class PageError(Exception):
+    """One page failed in the engine.
+
+    Attributes:
+        transient: True when retrying may succeed (engine down, timeout); False when the page
+            itself is at fault (undecodable, too large for the model).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+class Engine(abc.ABC):
+    """An OCR engine: async, page-granular, with a declared number of slots.
+
+    Subclasses implement :meth:`start`, :meth:`close` and :meth:`ocr_page`.
+    """
+
+    #: Model id reported in results and ``/v1/models``.
+    model: str = ""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    @property
+    @abc.abstractmethod
+    def slots(self) -> int:
+        """Pages the engine can work on at once without queueing internally."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load models and warm up; sets ``ready``. Raises on a model that cannot load."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release threads, sessions and connections."""
+
+    @abc.abstractmethod
+    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
+        """OCR one page; boxes in the page's client pixels.
+
+        Args:
+            page: a normalized page.
+            priority: lower runs first where the engine can reorder (vLLM's ``priority``).
+
+        Raises:
+            PageError: this page failed; other pages are unaffected.
+        """
+
+    async def ocr_pages(self, pages: Sequence[Page], *, priority: int = 0) -> list[PageResult | PageError]:
+        """OCR several pages concurrently; each entry is a result or that page's error."""
+        outcomes = await asyncio.gather(
+            *(self.ocr_page(p, priority=priority) for p in pages), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, PageError):
+                raise outcome
+        return list(outcomes)
+
+    def describe(self) -> dict:
+        """The engine's model and limits, as ``GET /v1/models`` reports them."""
+        return {"id": self.model, "object": "model", "slots": self.slots, "ready": self.ready}

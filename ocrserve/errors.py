@@ -1,0 +1,105 @@
+"""Problems that reach the client as RFC 9457 problem details (``application/problem+json``).
+
+Every error a request can cause is a :class:`Problem` carrying its HTTP status; the API turns it
+into ``{"type", "title", "status", "detail"}``. Problems are plain picklable exceptions so that
+they cross process-pool boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+PROBLEM_BASE = "https://ocrserve.dev/problems/"
+
+
+class Problem(Exception):
+    """An error with an HTTP status, a short stable title and a human-readable detail.
+
+    Attributes:
+        status: HTTP status code (4xx for the client's fault, 5xx for ours).
+        slug: last segment of the problem ``type`` URI, e.g. ``"too-many-pixels"``.
+        title: short summary that does not change between occurrences.
+        detail: what happened this time, naming the limit or value at fault.
+        headers: extra response headers (``Retry-After`` for 503/429).
+    """
+
+    status = 500
+    slug = "internal"
+    title = "Internal error"
+
+    def __init__(self, detail: str, *, slug: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if slug is not None:
+            self.slug = slug
+        self.headers = headers or {}
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.detail, self.slug, self.headers))
+
+    @property
+    def type(self) -> str:
+        """The problem ``type`` URI."""
+        return PROBLEM_BASE + self.slug
+
+    def to_dict(self) -> dict:
+        """The problem-details body (RFC 9457 section 3)."""
+        return {"type": self.type, "title": self.title, "status": self.status, "detail": self.detail}
+
+
+def _rebuild(cls, detail, slug, headers):
+    return cls(detail, slug=slug, headers=headers)
+
+
+class BadRequest(Problem):
+    """400: a parameter is malformed (``pages``, ``timeout``, ``format``)."""
+
+    status = 400
+    slug = "bad-request"
+    title = "Bad request"
+
+
+class NotFound(Problem):
+    """404: no such resource."""
+
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class PayloadTooLarge(Problem):
+    """413: the upload exceeds a limit on bytes, pixels per page or pages per document."""
+
+    status = 413
+    slug = "too-large"
+    title = "Payload too large"
+
+
+class UnsupportedMedia(Problem):
+    """415: the file is not a supported document type, or it cannot be decoded."""
+
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported or undecodable file"
+
+
+class Overloaded(Problem):
+    """503 (or 429 where configured): the server cannot queue more work now; see ``Retry-After``."""
+
+    status = 503
+    slug = "overloaded"
+    title = "Overloaded"
+
+
+class EngineUnavailable(Problem):
+    """503: the OCR engine is not loaded or not answering."""
+
+    status = 503
+    slug = "engine-unavailable"
+    title = "Engine unavailable"
+
+
+class EngineFailed(Problem):
+    """502: the OCR engine failed on a page."""
+
+    status = 502
+    slug = "engine-failed"
+    title = "Engine failed"

@@ -1,0 +1,68 @@
+"""The unit of work: a normalized page going in, its lines of text coming out."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Page:
+    """One page, decoded and normalized to the pixel budget, ready for an engine.
+
+    Attributes:
+        index: 0-based page number within its document.
+        image: ``(height, width, 3)`` uint8 RGB array at the normalized size; both sides are
+            multiples of the preprocessor's ``factor``.
+        width, height: the page's size in the client's pixels (after EXIF orientation; for PDFs
+            at ``preprocess.pdf_dpi``). Engine boxes are mapped back to these.
+        visual_tokens: the estimate ``(h / factor) * (w / factor)`` of a VLM's visual tokens for
+            ``image`` (Qwen2-VL: one token per 28x28 block after the 2x2 merge).
+        preprocess_s: seconds spent decoding and resizing this page.
+    """
+
+    index: int
+    image: np.ndarray
+    width: int
+    height: int
+    visual_tokens: int
+    preprocess_s: float = 0.0
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """``(sx, sy)``: multiply a box's x, y in ``image`` pixels by these to get client pixels."""
+        h, w = self.image.shape[:2]
+        return self.width / w, self.height / h
+
+
+@dataclass
+class Line:
+    """One line of text: its string, its quadrilateral in client page pixels, its confidence.
+
+    ``box`` is four ``[x, y]`` points, clockwise from top-left; ``score`` is in ``[0, 1]``.
+    """
+
+    text: str
+    box: list[list[float]]
+    score: float
+
+
+@dataclass
+class PageResult:
+    """What an engine returns for one page (see the result JSON in DESIGN.md)."""
+
+    index: int
+    width: int
+    height: int
+    text: str
+    lines: list[Line] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: dict | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict; ``error`` appears only on a failed page."""
+        data = asdict(self)
+        if data["error"] is None:
+            del data["error"]
+        return data

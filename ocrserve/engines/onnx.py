@@ -1,0 +1,245 @@
+"""The embedded CPU engine: PP-OCR ONNX models from the ``rapidocr`` wheel on ``onnxruntime``.
+
+Each page goes through detection and orientation classification on one of ``det_workers``
+threads. Its text-line crops then join a shared recognition queue: the :class:`RecBatcher`
+gathers crops from concurrent pages (up to ``max_batch_size`` crops, waiting at most
+``max_wait_ms`` for a batch to fill) and recognizes them together, sorted by aspect ratio so each
+ONNX run pads little. No model is downloaded: rapidocr's defaults point at the models in its wheel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+from rapidocr import RapidOCR
+from rapidocr.ch_ppocr_rec import TextRecInput
+from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
+
+from ocrserve.config import EngineConfig, OnnxEngineConfig
+from ocrserve.engines.base import Engine, PageError
+from ocrserve.pages import Line, Page, PageResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Detection:
+    """A page after detection and orientation classification.
+
+    Attributes:
+        boxes: ``(n, 4, 2)`` float quadrilaterals in normalized-image pixels.
+        crops: the ``n`` BGR line crops, upright.
+        det_s: seconds spent detecting and classifying.
+    """
+
+    boxes: np.ndarray
+    crops: list[np.ndarray]
+    det_s: float
+
+
+class RecBatcher:
+    """Dynamic batching of recognition crops across pages.
+
+    Args:
+        recognize: blocking function, crops (BGR arrays) -> list of ``(text, score)``.
+        max_batch_size: crops per gathered batch before it is sent without waiting.
+        max_wait_ms: how long the first crops of a batch wait for more to arrive.
+
+    :meth:`submit` is called from the event loop; recognition runs on one dedicated thread, and
+    crops that arrive while it runs form the next batch.
+    """
+
+    def __init__(self, recognize, max_batch_size: int, max_wait_ms: float):
+        self._recognize = recognize
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self._queue: asyncio.Queue[tuple[list[np.ndarray], asyncio.Future]] = asyncio.Queue()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
+        self._task: asyncio.Task | None = None
+        self.batch_sizes: list[int] = []
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._task = asyncio.create_task(self._run(), name="ocrserve-rec-batcher")
+
+    async def submit(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+        """Recognize ``crops`` (batched with other pages' crops); one ``(text, score)`` each."""
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((crops, future))
+        return await future
+
+    async def _gather(self) -> list[tuple[list[np.ndarray], asyncio.Future]]:
+        items = [await self._queue.get()]
+        deadline = time.monotonic() + self.max_wait_s
+        while sum(len(c) for c, _ in items) < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                items.append(self._queue.get_nowait() if remaining <= 0 else
+                             await asyncio.wait_for(self._queue.get(), remaining))
+            except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                break
+        return items
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            items = [(c, f) for c, f in await self._gather() if not f.done()]
+            if not items:
+                continue
+            crops = [crop for c, _ in items for crop in c]
+            self.batch_sizes.append(len(crops))
+            try:
+                results = await loop.run_in_executor(self._thread, self._recognize, crops)
+            except Exception:  # one page's crop broke the batch: recognize each page alone
+                log.exception("recognition batch of %d crops failed; retrying page by page", len(crops))
+                await self._run_alone(items)
+                continue
+            offset = 0
+            for page_crops, future in items:
+                if not future.done():
+                    future.set_result(results[offset:offset + len(page_crops)])
+                offset += len(page_crops)
+
+    async def _run_alone(self, items) -> None:
+        loop = asyncio.get_running_loop()
+        for crops, future in items:
+            try:
+                result = await loop.run_in_executor(self._thread, self._recognize, crops)
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(PageError(f"text recognition failed: {exc}"))
+            else:
+                if not future.done():
+                    future.set_result(result)
+
+    async def close(self) -> None:
+        """Stop the loop and the recognition thread."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def rapidocr_params(cfg: OnnxEngineConfig) -> dict:
+    """rapidocr ``params`` for ``cfg``: wheel models, thread counts, batch size, quiet logs."""
+    threads = cfg.intra_op_num_threads or -1
+    return {
+        "Global.log_level": "warning",
+        "Global.text_score": cfg.text_score,
+        "EngineConfig.onnxruntime.intra_op_num_threads": threads,
+        "EngineConfig.onnxruntime.inter_op_num_threads": 1,
+        "Rec.rec_batch_num": cfg.max_batch_size,
+    }
+
+
+class OnnxEngine(Engine):
+    """rapidocr's PP-OCR pipeline with detection on worker threads and batched recognition.
+
+    Args:
+        cfg: ``engine`` section; ``cfg.onnx`` holds thread counts and batching.
+
+    ``slots`` is ``2 * det_workers``: one page in detection per worker while the previous one is
+    in recognition, which keeps both stages busy without queueing pages inside the engine.
+    """
+
+    def __init__(self, cfg: EngineConfig):
+        super().__init__()
+        self.cfg = cfg.onnx
+        self.model = cfg.model
+        self._ocr: RapidOCR | None = None
+        self._det_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-det")
+        self._batcher: RecBatcher | None = None
+
+    @property
+    def slots(self) -> int:
+        return 2 * self.cfg.det_workers
+
+    async def start(self) -> None:
+        """Load the three ONNX sessions and run one synthetic page through them."""
+        loop = asyncio.get_running_loop()
+        self._ocr = await loop.run_in_executor(self._det_pool, self._load)
+        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms)
+        self._batcher.start()
+        await self.ocr_page(_warm_up_page())
+        self.ready = True
+
+    def _load(self) -> RapidOCR:
+        ocr = RapidOCR(params=rapidocr_params(self.cfg))
+        ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model()
+        return ocr
+
+    async def close(self) -> None:
+        self.ready = False
+        if self._batcher:
+            await self._batcher.close()
+        self._det_pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Crops per recognition batch so far (for metrics and tests)."""
+        return self._batcher.batch_sizes if self._batcher else []
+
+    def _detect(self, image_rgb: np.ndarray) -> Detection:
+        started = time.perf_counter()
+        ocr = self._ocr
+        bgr = np.ascontiguousarray(image_rgb[:, :, ::-1])
+        img, op_record = ocr.preprocess_img(bgr)
+        det_img, op_record = _vertical_padding(ocr, img, op_record)
+        det = ocr.text_det(det_img)
+        if det.boxes is None or len(det.boxes) == 0:
+            return Detection(np.zeros((0, 4, 2), np.float32), [], time.perf_counter() - started)
+        crops = ocr.crop_text_regions(det_img, det.boxes)
+        if ocr.use_cls:
+            crops = ocr.text_cls(crops).img_list
+        h, w = bgr.shape[:2]
+        boxes = map_boxes_to_original(np.array(det.boxes, dtype=np.float32), op_record, h, w)
+        return Detection(boxes, list(crops), time.perf_counter() - started)
+
+    def _recognize(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
+        out = self._ocr.text_rec(TextRecInput(img=crops))
+        return list(zip(out.txts, (float(s) for s in out.scores)))
+
+    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
+        """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`."""
+        loop = asyncio.get_running_loop()
+        try:
+            detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
+        except Exception as exc:
+            raise PageError(f"text detection failed: {exc}") from exc
+        started = time.perf_counter()
+        recognized = await self._batcher.submit(detection.crops) if detection.crops else []
+        rec_s = time.perf_counter() - started
+        sx, sy = page.scale
+        lines = [
+            Line(text=text, box=(box * (sx, sy)).round(1).tolist(), score=round(score, 4))
+            for box, (text, score) in zip(detection.boxes, recognized)
+            if text.strip() and score >= self.cfg.text_score
+        ]
+        return PageResult(
+            index=page.index, width=page.width, height=page.height,
+            text="\n".join(line.text for line in lines), lines=lines,
+            timings={"det_s": round(detection.det_s, 4), "rec_s": round(rec_s, 4)},
+        )
+
+
+def _vertical_padding(ocr: RapidOCR, img: np.ndarray, op_record: dict):
+    """rapidocr pads very wide or very short images before detection; keep that behaviour."""
+    if ocr.cfg.Global.use_vertical_padding:
+        return apply_vertical_padding(img, op_record, ocr.width_height_ratio, ocr.min_height)
+    op_record["padding_1"] = {"top": 0, "left": 0}
+    return img, op_record
+
+
+def _warm_up_page() -> Page:
+    """A small synthetic page with two lines of text, for warm-up at start."""
+    image = Image.new("RGB", (320, 96), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((10, 20), "ocrserve warm-up 0123", fill="black", font_size=20)
+    draw.text((10, 56), "The quick brown fox", fill="black", font_size=20)
+    return Page(index=0, image=np.asarray(image), width=320, height=96, visual_tokens=0)

@@ -1,0 +1,379 @@
+"""The size-normalizing front of every engine: decode documents, guard limits, fit a pixel budget.
+
+A document (JPEG, PNG, TIFF, WebP, BMP, GIF, PDF) becomes a list of :class:`~ocrserve.pages.Page`:
+RGB arrays whose sides are multiples of the model's ``factor`` and whose area lies within
+``[min_pixels, max_pixels]`` (the rule of Qwen2-VL's ``smart_resize``). Limits are checked before
+any pixel is decoded: bytes, pages per document, and pixels per page (decompression bombs), each a
+413 problem naming the limit; an unknown or undecodable file is a 415 problem.
+
+Decoding is CPU-bound and PDFium is not thread-safe, so :class:`Preprocessor` runs it in a process
+pool sized to the cores, a few pages per task, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import pypdfium2 as pdfium
+from PIL import Image, ImageCms, ImageOps, ImageSequence, UnidentifiedImageError
+
+from ocrserve.config import PreprocessConfig
+from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
+from ocrserve.pages import Page
+
+# We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
+# would raise a generic error at twice its default of 89.5 Mpx.
+Image.MAX_IMAGE_PIXELS = None
+
+#: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
+IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
+#: TIFF tag NewSubfileType (254); bit 0 set marks a reduced-resolution copy of another image
+#: (TIFF 6.0 specification, section 8), as pyramidal TIFFs store their overview levels.
+TIFF_NEW_SUBFILE_TYPE = 254
+#: Pages decoded per process-pool task: amortizes the cost of sending the document bytes.
+PAGES_PER_TASK = 4
+#: PDF user-space units per inch (ISO 32000-1, 8.3.2.3).
+PDF_POINTS_PER_INCH = 72.0
+
+Source = bytes | str | Path
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    """What :func:`inspect_document` learns without decoding pixels.
+
+    Attributes:
+        kind: ``"pdf"`` or ``"image"``.
+        page_count: pages (PDF pages, or image frames that are not reduced-resolution copies).
+        frames: for images, the frame number of each page (``len(frames) == page_count``).
+    """
+
+    kind: str
+    page_count: int
+    frames: tuple[int, ...] = ()
+
+
+def smart_resize(height: float, width: float, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Fit ``(height, width)`` to a pixel budget with both sides multiples of ``factor``.
+
+    The rule of Qwen2-VL's image processor (``transformers`` ``qwen2_vl.image_processing_qwen2_vl
+    .smart_resize``): round each side to the nearest multiple of ``factor``; if the area exceeds
+    ``max_pixels``, scale down by ``sqrt(h*w / max_pixels)`` and floor to the factor; if it is below
+    ``min_pixels``, scale up by ``sqrt(min_pixels / (h*w))`` and ceil to the factor. The aspect
+    ratio is kept to within one ``factor`` step; neither side drops below ``factor``.
+
+    Returns:
+        ``(new_height, new_width)`` in pixels.
+
+    Raises:
+        PayloadTooLarge: aspect ratio above 200 (the limit Qwen2-VL enforces).
+    """
+    if max(height, width) / max(min(height, width), 1) > 200:
+        raise PayloadTooLarge(
+            f"aspect ratio {max(height, width) / max(min(height, width), 1):.0f}:1 exceeds 200:1",
+            slug="aspect-ratio",
+        )
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int, int]:
+    """The normalized ``(width, height)`` for a page of ``width x height`` client pixels.
+
+    ``cfg.max_side`` (when non-zero) first shrinks the page so its longer side fits, then
+    :func:`smart_resize` applies the pixel budget.
+    """
+    if cfg.max_side and max(width, height) > cfg.max_side:
+        shrink = cfg.max_side / max(width, height)
+        width, height = width * shrink, height * shrink
+    h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    return w, h
+
+
+def visual_tokens(width: int, height: int, factor: int) -> int:
+    """Visual tokens a Qwen2-VL-style encoder spends on a ``width x height`` image.
+
+    One token per ``factor x factor`` block (14-px patches merged 2x2 gives 28; Qwen2-VL paper,
+    arXiv:2409.12191, section 2.1). Both sides are multiples of ``factor`` after normalization.
+    """
+    return (width // factor) * (height // factor)
+
+
+def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
+    """Turn ``"1-3,5"`` (1-based, inclusive) into sorted 0-based page indices.
+
+    ``None`` or an empty string selects every page.
+
+    Raises:
+        BadRequest: malformed ranges, or a page beyond ``page_count``.
+    """
+    if not spec or not spec.strip():
+        return list(range(page_count))
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        first, sep, last = part.strip().partition("-")
+        try:
+            lo, hi = int(first), int(last) if sep else int(first)
+        except ValueError:
+            raise BadRequest(f"pages={spec!r}: expected ranges like 1-3,5") from None
+        if lo < 1 or hi < lo:
+            raise BadRequest(f"pages={spec!r}: range {part.strip()!r} is empty or below 1")
+        if hi > page_count:
+            raise BadRequest(f"pages={spec!r}: the document has {page_count} page(s)")
+        chosen.update(range(lo - 1, hi))
+    return sorted(chosen)
+
+
+def _is_pdf(head: bytes) -> bool:
+    return head[:1024].lstrip().startswith(b"%PDF-") or b"%PDF-" in head[:1024]
+
+
+def _read_head(source: Source, size: int = 1024) -> bytes:
+    if isinstance(source, bytes):
+        return source[:size]
+    with open(source, "rb") as fh:
+        return fh.read(size)
+
+
+def _open_pdf(source: Source) -> pdfium.PdfDocument:
+    try:
+        return pdfium.PdfDocument(source if isinstance(source, bytes) else str(source))
+    except pdfium.PdfiumError as exc:
+        raise UnsupportedMedia(f"the PDF cannot be opened: {exc}", slug="undecodable") from None
+
+
+def _open_image(source: Source) -> Image.Image:
+    try:
+        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+    except UnidentifiedImageError:
+        raise UnsupportedMedia(
+            "not a supported document: expected JPEG, PNG, TIFF, WebP, BMP, GIF or PDF",
+            slug="unsupported-media-type",
+        ) from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise UnsupportedMedia(f"the image header cannot be read: {exc}", slug="undecodable") from None
+    if image.format not in IMAGE_FORMATS:
+        raise UnsupportedMedia(f"{image.format} images are not supported", slug="unsupported-media-type")
+    return image
+
+
+def _page_frames(image: Image.Image) -> tuple[int, ...]:
+    """Frame numbers that are pages: GIFs give their first frame; TIFF overview levels are skipped."""
+    if image.format == "GIF":
+        return (0,)
+    frames = []
+    for number, frame in enumerate(ImageSequence.Iterator(image)):
+        subfile = frame.tag_v2.get(TIFF_NEW_SUBFILE_TYPE, 0) if image.format == "TIFF" else 0
+        if not subfile & 1:
+            frames.append(number)
+    return tuple(frames) or (0,)
+
+
+def inspect_document(source: Source, cfg: PreprocessConfig) -> DocumentInfo:
+    """Identify a document and count its pages, decoding no pixels.
+
+    Raises:
+        UnsupportedMedia: empty, unknown or undecodable file (415).
+        PayloadTooLarge: more than ``cfg.max_pages`` pages (413).
+    """
+    head = _read_head(source)
+    if not head:
+        raise UnsupportedMedia("the upload is empty", slug="empty")
+    if _is_pdf(head):
+        pdf = _open_pdf(source)
+        info = DocumentInfo("pdf", len(pdf))
+        pdf.close()
+    else:
+        image = _open_image(source)
+        frames = _page_frames(image)
+        info = DocumentInfo("image", len(frames), frames)
+    if info.page_count == 0:
+        raise UnsupportedMedia("the document has no pages", slug="empty")
+    if info.page_count > cfg.max_pages:
+        raise PayloadTooLarge(
+            f"the document has {info.page_count} pages; the limit is preprocess.max_pages={cfg.max_pages}",
+            slug="too-many-pages",
+        )
+    return info
+
+
+def _check_pixels(width: int, height: int, cfg: PreprocessConfig, index: int) -> None:
+    if width * height > cfg.max_page_pixels:
+        raise PayloadTooLarge(
+            f"page {index + 1} is {width} x {height} = {width * height:,} pixels; the limit is "
+            f"preprocess.max_page_pixels={cfg.max_page_pixels:,}",
+            slug="too-many-pixels",
+        )
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to RGB: alpha flattened onto white, CMYK through its ICC profile
+    when one is embedded, 16/32-bit and float gray scaled to 8 bits."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        data = np.asarray(image, dtype=np.float64)
+        lo, hi = float(data.min()), float(data.max())
+        scaled = (data - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(data)
+        image = Image.fromarray(scaled.astype(np.uint8), "L")
+    if image.mode == "CMYK" and image.info.get("icc_profile"):
+        try:
+            source = ImageCms.ImageCmsProfile(io.BytesIO(image.info["icc_profile"]))
+            return ImageCms.profileToProfile(image, source, ImageCms.createProfile("sRGB"), outputMode="RGB")
+        except (ImageCms.PyCMSError, OSError):
+            pass  # a broken profile: fall back to Pillow's naive conversion below
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if image.mode == "1":
+        image = image.convert("L")
+    return image.convert("RGB") if image.mode != "RGB" else image
+
+
+def _oriented_size(image: Image.Image) -> tuple[int, int]:
+    """``(width, height)`` after EXIF orientation (tags 5-8 swap the sides)."""
+    orientation = image.getexif().get(0x0112, 1)
+    width, height = image.size
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+
+
+def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: PreprocessConfig) -> Page:
+    started = time.perf_counter()
+    image.seek(frame)
+    width, height = _oriented_size(image)
+    _check_pixels(width, height, cfg, index)
+    out_w, out_h = target_size(width, height, cfg)
+    if image.format == "JPEG" and out_w < width:
+        # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT coefficients.
+        raw_w, raw_h = image.size
+        shrink = out_w / width
+        image.draft(image.mode, (math.ceil(raw_w * shrink), math.ceil(raw_h * shrink)))
+    try:
+        image.load()
+        oriented = ImageOps.exif_transpose(image)
+        rgb = _to_rgb(oriented)
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise UnsupportedMedia(f"page {index + 1} cannot be decoded: {exc}", slug="undecodable") from None
+    if rgb.size != (out_w, out_h):
+        rgb = rgb.resize((out_w, out_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    return Page(
+        index=index, image=np.asarray(rgb), width=width, height=height,
+        visual_tokens=visual_tokens(out_w, out_h, cfg.factor), preprocess_s=time.perf_counter() - started,
+    )
+
+
+def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> Page:
+    """Render one PDF page straight at the scale its pixel budget allows (``/Rotate`` honoured)."""
+    started = time.perf_counter()
+    page = pdf[index]
+    width_pt, height_pt = page.get_size()  # already swapped for /Rotate 90 and 270
+    dpi_scale = cfg.pdf_dpi / PDF_POINTS_PER_INCH
+    width, height = max(1, round(width_pt * dpi_scale)), max(1, round(height_pt * dpi_scale))
+    out_w, out_h = target_size(width, height, cfg)
+    scale = max(out_w / width_pt, out_h / height_pt)
+    try:
+        bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
+        rendered = bitmap.to_pil().convert("RGB")
+    except pdfium.PdfiumError as exc:
+        raise UnsupportedMedia(f"page {index + 1} cannot be rendered: {exc}", slug="undecodable") from None
+    finally:
+        page.close()
+    if rendered.size != (out_w, out_h):
+        rendered = rendered.resize((out_w, out_h), Image.Resampling.LANCZOS)
+    return Page(
+        index=index, image=np.asarray(rendered), width=width, height=height,
+        visual_tokens=visual_tokens(out_w, out_h, cfg.factor), preprocess_s=time.perf_counter() - started,
+    )
+
+
+def decode_pages(source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig) -> list[Page]:
+    """Decode and normalize the pages ``indices`` (0-based) of an inspected document.
+
+    Runs in a worker process. Returns pages in the order of ``indices``.
+
+    Raises:
+        PayloadTooLarge: a page above ``cfg.max_page_pixels`` (413).
+        UnsupportedMedia: a page that cannot be decoded (415).
+    """
+    if info.kind == "pdf":
+        pdf = _open_pdf(source)
+        try:
+            return [_render_pdf_page(pdf, i, cfg) for i in indices]
+        finally:
+            pdf.close()
+    image = _open_image(source)
+    try:
+        return [_decode_image_page(image, info.frames[i], i, cfg) for i in indices]
+    finally:
+        image.close()
+
+
+def _pool_init() -> None:
+    # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+class Preprocessor:
+    """Runs :func:`inspect_document` and :func:`decode_pages` in a process pool.
+
+    Args:
+        cfg: limits and pixel budget.
+
+    Use :meth:`inspect` (fast, checks the page limit), then iterate :meth:`pages`.
+    """
+
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+        self.workers = cfg.workers or os.cpu_count() or 1
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_pool_init)
+
+    async def inspect(self, source: Source) -> DocumentInfo:
+        """Identify the document and count its pages (see :func:`inspect_document`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, inspect_document, source, self.cfg)
+
+    async def pages(self, source: Source, info: DocumentInfo, indices: Sequence[int]) -> AsyncIterator[list[Page]]:
+        """Yield decoded pages in chunks of up to :data:`PAGES_PER_TASK`, in order.
+
+        Chunks are decoded in parallel, at most one per worker ahead of the consumer.
+        """
+        loop = asyncio.get_running_loop()
+        chunks = [list(indices[i:i + PAGES_PER_TASK]) for i in range(0, len(indices), PAGES_PER_TASK)]
+        pending: list[asyncio.Future] = []
+        try:
+            for chunk in chunks:
+                pending.append(loop.run_in_executor(self._pool, decode_pages, source, info, chunk, self.cfg))
+                if len(pending) >= self.workers:
+                    yield await pending.pop(0)
+            while pending:
+                yield await pending.pop(0)
+        finally:
+            for future in pending:
+                future.cancel()
+
+    async def warm_up(self) -> None:
+        """Start every worker process now rather than on the first request."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._pool, _pool_init) for _ in range(self.workers)))
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

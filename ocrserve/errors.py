@@ -103,3 +103,11 @@ class EngineFailed(Problem):
     status = 502
     slug = "engine-failed"
     title = "Engine failed"
+
+
+class DeadlinePassed(Problem):
+    """504: the request's deadline (``timeout``) passed before its pages were done."""
+
+    status = 504
+    slug = "deadline"
+    title = "Deadline passed"

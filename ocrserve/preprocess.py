@@ -28,7 +28,7 @@ import pypdfium2 as pdfium
 from PIL import Image, ImageCms, ImageOps, ImageSequence, UnidentifiedImageError
 
 from ocrserve.config import PreprocessConfig
-from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
+from ocrserve.errors import BadRequest, PayloadTooLarge, Problem, UnsupportedMedia
 from ocrserve.pages import Page
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
@@ -61,6 +61,14 @@ class DocumentInfo:
     kind: str
     page_count: int
     frames: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PageFailure:
+    """A page that could not be decoded; its neighbours are unaffected."""
+
+    index: int
+    problem: Problem
 
 
 def smart_resize(height: float, width: float, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -144,7 +152,8 @@ def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
 
 
 def _is_pdf(head: bytes) -> bool:
-    return head[:1024].lstrip().startswith(b"%PDF-") or b"%PDF-" in head[:1024]
+    # PDF readers accept the header anywhere in the first 1024 bytes (ISO 32000-1, annex H.3).
+    return b"%PDF-" in head[:1024]
 
 
 def _read_head(source: Source, size: int = 1024) -> bytes:
@@ -304,26 +313,31 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     )
 
 
-def decode_pages(source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig) -> list[Page]:
+def decode_pages(
+    source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig
+) -> list[Page | PageFailure]:
     """Decode and normalize the pages ``indices`` (0-based) of an inspected document.
 
-    Runs in a worker process. Returns pages in the order of ``indices``.
-
-    Raises:
-        PayloadTooLarge: a page above ``cfg.max_page_pixels`` (413).
-        UnsupportedMedia: a page that cannot be decoded (415).
+    Runs in a worker process. Returns, in the order of ``indices``, each page or its failure: a
+    page above ``cfg.max_page_pixels`` (413) or one that cannot be decoded (415) fails alone.
     """
     if info.kind == "pdf":
-        pdf = _open_pdf(source)
-        try:
-            return [_render_pdf_page(pdf, i, cfg) for i in indices]
-        finally:
-            pdf.close()
-    image = _open_image(source)
+        document = _open_pdf(source)
+        decode = lambda i: _render_pdf_page(document, i, cfg)  # noqa: E731
+    else:
+        document = _open_image(source)
+        decode = lambda i: _decode_image_page(document, info.frames[i], i, cfg)  # noqa: E731
     try:
-        return [_decode_image_page(image, info.frames[i], i, cfg) for i in indices]
+        return [_decode_or_fail(decode, i) for i in indices]
     finally:
-        image.close()
+        document.close()
+
+
+def _decode_or_fail(decode, index: int) -> Page | PageFailure:
+    try:
+        return decode(index)
+    except Problem as problem:
+        return PageFailure(index, problem)
 
 
 def _pool_init() -> None:
@@ -350,7 +364,9 @@ class Preprocessor:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, inspect_document, source, self.cfg)
 
-    async def pages(self, source: Source, info: DocumentInfo, indices: Sequence[int]) -> AsyncIterator[list[Page]]:
+    async def pages(
+        self, source: Source, info: DocumentInfo, indices: Sequence[int]
+    ) -> AsyncIterator[list[Page | PageFailure]]:
         """Yield decoded pages in chunks of up to :data:`PAGES_PER_TASK`, in order.
 
         Chunks are decoded in parallel, at most one per worker ahead of the consumer.

@@ -19,8 +19,10 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from ocrserve.cli import profiles
+    from ocrserve.cli import launch, ocr, profiles
 
+    app.command(name="launch")(launch.launch)
+    app.command(name="ocr")(ocr.ocr)
     app.command(name="profiles")(profiles.profiles)
 
 

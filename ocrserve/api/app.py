@@ -1,0 +1,70 @@
+"""Application factory: wires preprocessor, engine, router and routes into one FastAPI app."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from ocrserve import __version__, metrics
+from ocrserve.api import problems, routes
+from ocrserve.api.limits import BodyLimitMiddleware
+from ocrserve.api.observe import MetricsMiddleware
+from ocrserve.config import Config
+from ocrserve.engines import create_engine
+from ocrserve.preprocess import Preprocessor
+from ocrserve.router import Router
+from ocrserve.service import OcrService
+
+log = logging.getLogger(__name__)
+
+
+async def _warm_up(app: FastAPI) -> None:
+    state = app.state
+    try:
+        await asyncio.gather(state.engine.start(), state.preprocessor.warm_up())
+    except Exception as exc:  # keep serving /healthz; /readyz reports the failure
+        log.exception("engine failed to start")
+        state.engine_error = f"{type(exc).__name__}: {exc}"
+        return
+    metrics.ENGINE_READY.set(1)
+    log.info("engine %s ready with %d slots", state.engine.model, state.engine.slots)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Start the engine in the background (``/readyz`` turns 200 when warm); stop it at exit."""
+    config: Config = app.state.config
+    state = app.state
+    state.preprocessor = Preprocessor(config.preprocess)
+    state.engine = create_engine(config)
+    state.engine_error = None
+    state.router = Router(state.engine)
+    state.service = OcrService(config, state.preprocessor, state.router)
+    warm = asyncio.create_task(_warm_up(app))
+    try:
+        yield
+    finally:
+        warm.cancel()
+        metrics.ENGINE_READY.set(0)
+        await state.engine.close()
+        state.preprocessor.close()
+
+
+def create_app(config: Config) -> FastAPI:
+    """The gateway for ``config``; the engine loads when the app starts (ASGI lifespan)."""
+    app = FastAPI(
+        title="ocrserve",
+        version=__version__,
+        summary="Document OCR over REST: text with line boxes, per page.",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    problems.install(app)
+    app.include_router(routes.api)
+    app.include_router(routes.ops)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=int(config.server.max_upload_mb * (1 << 20)))
+    app.add_middleware(MetricsMiddleware)
+    return app

@@ -1,0 +1,52 @@
+"""RFC 9457 problem-details responses for every error the gateway returns."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ocrserve.errors import PROBLEM_BASE, Problem
+
+log = logging.getLogger(__name__)
+PROBLEM_JSON = "application/problem+json"
+
+
+def problem_response(problem: Problem) -> JSONResponse:
+    """``application/problem+json`` response for ``problem``, with its extra headers."""
+    return JSONResponse(problem.to_dict(), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON)
+
+
+def _generic(status: int, title: str, detail: str, slug: str, headers: dict | None = None) -> JSONResponse:
+    body = {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail}
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
+    return problem_response(exc)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+    return _generic(exc.status_code, title, str(exc.detail), title.lower().replace(" ", "-"), exc.headers)
+
+
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return _generic(422, "Validation failed", detail, "validation")
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _generic(500, "Internal error", f"{type(exc).__name__}: the server logged the details", "internal")
+
+
+def install(app: FastAPI) -> None:
+    """Register the problem-details handlers on ``app``."""
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,45 @@
+"""Response models, for the OpenAPI document at ``/docs``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class LineOut(BaseModel):
+    """One recognized line; ``box`` is four [x, y] points in the client's page pixels."""
+
+    text: str
+    box: list[list[float]]
+    score: float = Field(ge=0, le=1)
+
+
+class PageOut(BaseModel):
+    """One page; ``error`` (a problem object) only when this page failed."""
+
+    index: int = Field(description="0-based page number")
+    width: int = Field(description="page width in the client's pixels (after EXIF orientation; PDFs at preprocess.pdf_dpi)")
+    height: int
+    text: str
+    lines: list[LineOut]
+    timings: dict[str, float] = Field(description="queue_s, preprocess_s, engine_s and engine stages, seconds")
+    error: dict | None = None
+
+
+class OcrResult(BaseModel):
+    """The result of one document."""
+
+    id: str
+    model: str
+    lane: str = Field(description="fast or bulk")
+    text: str = Field(description="all pages' text, pages joined by a form feed")
+    pages: list[PageOut]
+    usage: dict[str, float] = Field(description="pages (succeeded) and seconds (wall time)")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str

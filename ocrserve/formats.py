@@ -1,0 +1,22 @@
+"""Renderings of an OCR result: ``json`` (the result object), ``text`` and ``markdown``."""
+
+from __future__ import annotations
+
+FORMATS = ("json", "text", "markdown")
+MEDIA_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "markdown": "text/markdown; charset=utf-8"}
+
+
+def render_text(result: dict) -> str:
+    """All pages' text, pages separated by a form feed (U+000C)."""
+    return "\f".join(page.get("text", "") for page in result["pages"])
+
+
+def render_markdown(result: dict) -> str:
+    """One ``## Page N`` section per page; a failed page shows its error."""
+    sections = []
+    for page in result["pages"]:
+        body = page.get("text", "")
+        if page.get("error"):
+            body = f"> page failed: {page['error'].get('detail', '')}"
+        sections.append(f"## Page {page['index'] + 1}\n\n{body}\n")
+    return "\n".join(sections)

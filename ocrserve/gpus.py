@@ -1,0 +1,277 @@
+"""GPU registry and detection: how much memory a card has and whether it computes in bfloat16.
+
+The planner needs three facts per card: memory (bytes, what vLLM's ``gpu_memory_utilization`` is a
+fraction of), bfloat16 support (vLLM refuses ``--dtype bfloat16`` below compute capability 8.0 and
+asks for ``--dtype half``) and peak memory bandwidth (bytes/s; decoding is bandwidth-bound, used for
+the ``--p95`` latency estimate).
+
+Sources: memory, compute capability and bandwidth are the vendor's datasheet figures, cited per
+entry. Memory is stored in MiB as the nominal capacity (``24 GB`` GDDR cards carry 24 GiB of DRAM;
+``nvidia-smi`` reports slightly less, e.g. 24564 MiB on an RTX 4090, because the driver reserves a
+little). The bf16 rule is vLLM's own check (``vllm/platforms/cuda.py``, ``check_if_supports_dtype``:
+"Bfloat16 is only supported on GPUs with compute capability of at least 8.0").
+
+Detection (``--gpu auto``) asks NVML through ``pynvml`` (package ``nvidia-ml-py``, imported lazily
+so the module loads on machines without it) and falls back to
+``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+MIB = 1024**2
+GIB = 1024**3
+BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # vllm/platforms/cuda.py check_if_supports_dtype
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model.
+
+    Attributes:
+        name: canonical display name, e.g. ``"RTX 4090D"``.
+        memory_mib: device memory, MiB (per GPU).
+        compute_capability: CUDA compute capability ``(major, minor)``.
+        bandwidth_gbs: peak DRAM bandwidth, GB/s (10^9 bytes/s); ``0`` when unknown.
+        aliases: extra names accepted by :func:`lookup` (normalized like the name).
+        source: where the figures come from.
+    """
+
+    name: str
+    memory_mib: int
+    compute_capability: tuple[int, int]
+    bandwidth_gbs: float
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory in bytes."""
+        return self.memory_mib * MIB
+
+    @property
+    def memory_gib(self) -> float:
+        """Device memory in GiB."""
+        return self.memory_mib / 1024
+
+    @property
+    def bf16(self) -> bool:
+        """True when vLLM accepts ``--dtype bfloat16`` on this card (compute capability >= 8.0)."""
+        return self.compute_capability >= BF16_MIN_COMPUTE_CAPABILITY
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Peak memory bandwidth in bytes/s (0 when unknown)."""
+        return self.bandwidth_gbs * 1e9
+
+
+def _spec(name, gib, cc, bw, aliases, source) -> GpuSpec:
+    return GpuSpec(name, int(gib * 1024), cc, bw, tuple(aliases), source)
+
+
+_NV = "https://www.nvidia.com/"
+GPUS: tuple[GpuSpec, ...] = (
+    _spec("RTX 3060 12G", 12, (8, 6), 360, ["rtx3060", "rtx306012gb", "3060"],
+          _NV + "en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti/ (12 GB GDDR6, 192-bit, 15 Gbps "
+          "= 360 GB/s; GA106, compute capability 8.6 per developer.nvidia.com/cuda-gpus)"),
+    _spec("RTX 2080 Ti", 11, (7, 5), 616, ["rtx2080ti", "2080ti"],
+          _NV + "en-us/geforce/graphics-cards/compare/?section=compare-20 (11 GB GDDR6, 616 GB/s; "
+          "Turing TU102, compute capability 7.5: no bf16)"),
+    _spec("RTX 3090", 24, (8, 6), 936, ["rtx3090", "3090"],
+          _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/ (24 GB GDDR6X, 936 GB/s; "
+          "GA102, compute capability 8.6)"),
+    _spec("RTX 4090", 24, (8, 9), 1008, ["rtx4090", "4090"],
+          _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/ (24 GB GDDR6X, 384-bit, 21 Gbps "
+          "= 1008 GB/s; AD102, compute capability 8.9)"),
+    _spec("RTX 4090D", 24, (8, 9), 1008, ["rtx4090d", "4090d"],
+          _NV + "zh-cn/geforce/graphics-cards/40-series/rtx-4090d/ (24 GB GDDR6X, 384-bit: the "
+          "4090's memory system, 114 instead of 128 SMs; AD102, compute capability 8.9)"),
+    _spec("L4", 24, (8, 9), 300, ["l4", "nvidial4"],
+          _NV + "en-us/data-center/l4/ (24 GB GDDR6, 300 GB/s; Ada, compute capability 8.9)"),
+    _spec("A10 24G", 24, (8, 6), 600, ["a10", "a1024g", "a1024gb"],
+          _NV + "en-us/data-center/products/a10-gpu/ (24 GB GDDR6, 600 GB/s; GA102, compute "
+          "capability 8.6)"),
+    _spec("T4 16G", 16, (7, 5), 320, ["t4", "t416g", "t416gb", "teslat4"],
+          _NV + "en-us/data-center/tesla-t4/ (16 GB GDDR6, 320+ GB/s; Turing, compute capability 7.5: "
+          "no bf16)"),
+    _spec("L40S 48G", 48, (8, 9), 864, ["l40s", "l40s48g", "l40s48gb"],
+          _NV + "en-us/data-center/l40s/ (48 GB GDDR6 with ECC, 864 GB/s; Ada, compute capability 8.9)"),
+    _spec("A100 40G", 40, (8, 0), 1555, ["a10040g", "a10040gb", "a100pcie40gb", "a100sxm440gb"],
+          _NV + "en-us/data-center/a100/ (A100 40GB: HBM2, 1,555 GB/s; compute capability 8.0)"),
+    _spec("A100 80G", 80, (8, 0), 1935, ["a100", "a10080g", "a10080gb", "a100sxm480gb", "a100pcie80gb"],
+          _NV + "en-us/data-center/a100/ (A100 80GB: HBM2e, 1,935 GB/s PCIe / 2,039 GB/s SXM; the "
+          "lower figure is kept)"),
+    _spec("H100 80G", 80, (9, 0), 2000, ["h100", "h10080g", "h10080gb", "h10080gbhbm3", "h100pcie",
+                                          "h100sxm580gb"],
+          _NV + "en-us/data-center/h100/ (H100 80GB: 2.0 TB/s PCIe / 3.35 TB/s SXM; the lower figure "
+          "is kept; compute capability 9.0)"),
+    _spec("H200 141G", 143771 / 1024, (9, 0), 4800, ["h200", "h200141g", "h200141gb", "h200nvl"],
+          _NV + "en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s; nvidia-smi reports 143771 MiB "
+          "total on an H200 SXM; compute capability 9.0)"),
+)
+
+_NOISE = ("nvidia", "geforce", "tesla", "quadro")
+
+
+def normalize(name: str) -> str:
+    """Lower-case ``name`` and drop spaces, punctuation and vendor words.
+
+    ``"NVIDIA GeForce RTX 4090 D"``, ``"rtx-4090d"`` and ``"RTX 4090D"`` all become ``"rtx4090d"``.
+    """
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    for word in _NOISE:
+        key = key.replace(word, "")
+    return key
+
+
+class GpuError(LookupError):
+    """An unknown GPU name, or no GPU could be detected; the message says what to do."""
+
+
+def _keys(spec: GpuSpec) -> set[str]:
+    return {normalize(spec.name), *(normalize(a) for a in spec.aliases)}
+
+
+def lookup(name: str) -> GpuSpec:
+    """Find a registry GPU by name, tolerant of case, spaces, dashes and vendor words.
+
+    Raises:
+        GpuError: no entry matches; the message lists the known names.
+    """
+    key = normalize(name)
+    for spec in GPUS:
+        if key in _keys(spec):
+            return spec
+    known = ", ".join(s.name for s in GPUS)
+    raise GpuError(f"unknown GPU {name!r}; known: {known} (or pass --gpu-memory GIB)")
+
+
+def match_detected(name: str, memory_mib: int) -> GpuSpec | None:
+    """Match a name reported by the driver (``"NVIDIA A100-SXM4-80GB"``) to a registry entry.
+
+    Tries an exact normalized match first, then the registry entry whose family token (its name
+    without the memory suffix) occurs in the reported name, preferring the longest token (so a
+    4090 D is not taken for a 4090) and, among equals, the closest memory size.
+
+    Returns:
+        The entry, or ``None`` for a card the registry does not know.
+    """
+    key = normalize(name)
+    for spec in GPUS:
+        if key in _keys(spec):
+            return spec
+    candidates = []
+    for spec in GPUS:
+        family = normalize(re.sub(r"\s+\d+G$", "", spec.name))
+        if family and family in key:
+            candidates.append((-len(family), abs(spec.memory_mib - memory_mib), spec))
+    return min(candidates, key=lambda c: c[:2])[2] if candidates else None
+
+
+@dataclass(frozen=True)
+class DetectedGpu:
+    """A GPU seen on this machine.
+
+    Attributes:
+        name: the driver's name for it.
+        memory_mib: total memory the driver reports, MiB.
+        count: how many GPUs of this kind the machine has.
+        spec: the matching registry entry, or ``None``.
+        via: ``"nvml"`` or ``"nvidia-smi"``.
+    """
+
+    name: str
+    memory_mib: int
+    count: int
+    spec: GpuSpec | None
+    via: str
+
+    def as_spec(self) -> GpuSpec:
+        """A :class:`GpuSpec` with the detected memory (the registry's bf16/bandwidth if known).
+
+        A card the registry does not know is assumed to support bf16 (every data-center and
+        consumer NVIDIA card since Ampere does) and to have unknown bandwidth.
+        """
+        if self.spec is None:
+            return GpuSpec(self.name, self.memory_mib, (8, 0), 0.0, (),
+                           f"detected via {self.via}; not in the registry: bf16 assumed, bandwidth unknown")
+        base = self.spec
+        return GpuSpec(base.name, self.memory_mib, base.compute_capability, base.bandwidth_gbs,
+                       base.aliases, f"detected via {self.via}; {base.source}")
+
+
+def _detect_nvml() -> list[tuple[str, int]]:
+    import pynvml  # nvidia-ml-py; lazy: absent on CPU-only machines
+
+    pynvml.nvmlInit()
+    try:
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):
+                name = name.decode()
+            found.append((name, pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB))
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def parse_nvidia_smi(output: str) -> list[tuple[str, int]]:
+    """Parse ``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`` output.
+
+    Returns:
+        ``(name, memory_mib)`` per GPU line.
+    """
+    found = []
+    for line in output.strip().splitlines():
+        name, _, memory = line.rpartition(",")
+        if name.strip() and memory.strip().isdigit():
+            found.append((name.strip(), int(memory.strip())))
+    return found
+
+
+def _detect_nvidia_smi() -> list[tuple[str, int]]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    result = subprocess.run(
+        [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    return parse_nvidia_smi(result.stdout) if result.returncode == 0 else []
+
+
+def detect() -> DetectedGpu:
+    """Detect this machine's GPUs (the first GPU's kind; ``count`` of that kind).
+
+    Raises:
+        GpuError: neither NVML nor ``nvidia-smi`` reports a GPU.
+    """
+    errors = []
+    found: list[tuple[str, int]] = []
+    via = "nvml"
+    try:
+        found = _detect_nvml()
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver not loaded, ...
+        errors.append(f"NVML: {exc}")
+    if not found:
+        via = "nvidia-smi"
+        try:
+            found = _detect_nvidia_smi()
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append(f"nvidia-smi: {exc}")
+        if not found and not errors[1:]:
+            errors.append("nvidia-smi: not found or reported no GPU")
+    if not found:
+        raise GpuError(
+            "no NVIDIA GPU found (" + "; ".join(errors) + "). Name one with --gpu NAME "
+            "(see `ocrserve plan --help`) or give its memory with --gpu-memory GIB."
+        )
+    name, memory = found[0]
+    count = sum(1 for n, _ in found if n == name)
+    return DetectedGpu(name, memory, count, match_detected(name, memory), via)

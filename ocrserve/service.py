@@ -1,0 +1,126 @@
+"""Documents in, results out: inspect, pick a lane, decode pages, route them, assemble the result.
+
+The result dict is the one DESIGN.md fixes (``id``, ``model``, ``lane``, ``text``, ``pages``,
+``usage``). A page that fails carries an ``error`` problem object and empty text; its neighbours
+are unaffected. A document whose every page failed raises the first page's problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from ocrserve import metrics
+from ocrserve.config import Config
+from ocrserve.engines.base import PageError
+from ocrserve.errors import EngineFailed, Problem
+from ocrserve.pages import Page, PageResult
+from ocrserve.preprocess import PageFailure, Preprocessor, Source, parse_page_ranges
+from ocrserve.router import Router
+
+#: Uploads above this many bytes reach the decoding processes as a temporary file, not as bytes
+#: pickled once per chunk of pages.
+SPOOL_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def spooled(data: bytes) -> Iterator[Source]:
+    """``data`` itself when small, else a temporary file holding it (removed on exit)."""
+    if len(data) <= SPOOL_BYTES:
+        yield data
+        return
+    with tempfile.NamedTemporaryFile(prefix="ocrserve-upload-") as fh:
+        fh.write(data)
+        fh.flush()
+        yield Path(fh.name)
+
+
+def failed_page(index: int, problem: Problem) -> PageResult:
+    """The result entry of a page that failed: no text, the problem as ``error``."""
+    return PageResult(index=index, width=0, height=0, text="", error=problem.to_dict())
+
+
+class OcrService:
+    """Runs whole documents through preprocessor, router and engine.
+
+    Args:
+        config: the profile.
+        preprocessor: decodes and normalizes pages.
+        router: admits pages to the engine.
+    """
+
+    def __init__(self, config: Config, preprocessor: Preprocessor, router: Router):
+        self.config = config
+        self.preprocessor = preprocessor
+        self.router = router
+
+    async def ocr(self, data: bytes, *, pages: str | None = None, priority: int = 0) -> dict:
+        """OCR a document synchronously.
+
+        Args:
+            data: the uploaded file's bytes.
+            pages: 1-based page ranges (``"1-3,5"``); all pages when omitted.
+            priority: lower runs first where the engine supports it.
+
+        Returns:
+            The result dict (see module docstring).
+
+        Raises:
+            Problem: 413/415 from the preprocessor, 400 for bad ``pages``, or every page's failure.
+        """
+        started = time.perf_counter()
+        with spooled(data) as source:
+            info = await self.preprocessor.inspect(source)
+            indices = parse_page_ranges(pages, info.page_count)
+            lane = self.router.lane_for(len(indices))
+            tasks: list[asyncio.Task] = []
+            try:
+                async for chunk in self.preprocessor.pages(source, info, indices):
+                    tasks.extend(asyncio.create_task(self._run_page(p, lane, priority)) for p in chunk)
+                outcomes = await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+        problems = [problem for _, problem in outcomes if problem]
+        if len(problems) == len(outcomes):
+            raise problems[0]
+        return self._assemble([r for r, _ in outcomes], lane, time.perf_counter() - started)
+
+    async def _run_page(self, page: Page | PageFailure, lane: str, priority: int) -> tuple[PageResult, Problem | None]:
+        if isinstance(page, PageFailure):
+            metrics.PAGES.labels("failed").inc()
+            return failed_page(page.index, page.problem), page.problem
+        metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
+        queued = time.perf_counter()
+        try:
+            result = await self.router.submit(page, lane=lane, priority=priority)
+        except PageError as exc:
+            metrics.PAGES.labels("failed").inc()
+            problem = EngineFailed(f"page {page.index + 1}: {exc}")
+            return failed_page(page.index, problem), problem
+        engine_s = sum(result.timings.values())
+        metrics.ENGINE_SECONDS.observe(engine_s)
+        metrics.PAGES.labels("ok").inc()
+        result.timings = {
+            "queue_s": round(max(0.0, time.perf_counter() - queued - engine_s), 4),
+            "preprocess_s": round(page.preprocess_s, 4),
+            "engine_s": round(engine_s, 4),
+            **result.timings,
+        }
+        return result, None
+
+    def _assemble(self, results: list[PageResult], lane: str, seconds: float) -> dict:
+        failed = sum(1 for r in results if r.error)
+        return {
+            "id": uuid.uuid4().hex,
+            "model": self.router.engine.model,
+            "lane": lane,
+            "text": "\f".join(r.text for r in results),
+            "pages": [r.to_dict() for r in results],
+            "usage": {"pages": len(results) - failed, "seconds": round(seconds, 4)},
+        }

@@ -267,8 +267,8 @@ def _oriented_size(image: Image.Image) -> tuple[int, int]:
 def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: PreprocessConfig) -> Page:
     started = time.perf_counter()
     image.seek(frame)
+    _check_pixels(*image.size, cfg, index)  # before getexif(), which decodes a PNG whole
     width, height = _oriented_size(image)
-    _check_pixels(width, height, cfg, index)
     out_w, out_h = target_size(width, height, cfg)
     if image.format == "JPEG" and out_w < width:
         # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT coefficients.

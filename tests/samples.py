@@ -1,0 +1,82 @@
+"""Documents the tests build from the Apache-2.0 samples in tests/data: other color modes,
+orientations, containers, and deliberately broken files."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import pypdfium2 as pdfium
+from PIL import Image
+
+from tests.conftest import DATA
+
+
+def phototest() -> Image.Image:
+    """tesseract's phototest page (640 x 480, 1-bit) as RGB."""
+    return Image.open(DATA / "phototest.tif").convert("RGB")
+
+
+def encode(image: Image.Image, fmt: str, **params) -> bytes:
+    """``image`` saved as ``fmt`` into bytes."""
+    buf = io.BytesIO()
+    image.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def exif_rotated_jpeg() -> bytes:
+    """phototest stored turned 90 degrees clockwise, with EXIF orientation 8 to turn it back."""
+    stored = phototest().transpose(Image.Transpose.ROTATE_270)  # 480 x 640
+    exif = Image.Exif()
+    exif[0x0112] = 8  # "rotate 90 CW to display" (EXIF 2.3, tag 274)
+    return encode(stored, "JPEG", quality=95, exif=exif)
+
+
+def cmyk_jpeg() -> bytes:
+    """phototest as a CMYK JPEG (Pillow writes Adobe-style inverted CMYK with an APP14 marker)."""
+    return encode(phototest().convert("CMYK"), "JPEG", quality=95)
+
+
+def pyramidal_tiff() -> bytes:
+    """A TIFF with the full page and two reduced-resolution copies (NewSubfileType = 1)."""
+    page = phototest()
+    levels = [page.resize((page.width // k, page.height // k)) for k in (2, 4)]
+    for level in levels:
+        level.encoderinfo = {"tiffinfo": {254: 1}}
+    return encode(page, "TIFF", save_all=True, append_images=levels)
+
+
+def rotated_pdf() -> bytes:
+    """A one-page PDF whose content is drawn sideways and put upright by ``/Rotate 90``."""
+    sideways = phototest().transpose(Image.Transpose.ROTATE_90)  # 480 x 640
+    pdf = pdfium.PdfDocument(encode(sideways, "PDF", resolution=72.0))
+    pdf[0].set_rotation(90)
+    buf = io.BytesIO()
+    pdf.save(buf)
+    return buf.getvalue()
+
+
+def blank_pdf(pages: int) -> bytes:
+    """A PDF of ``pages`` empty US-letter pages."""
+    pdf = pdfium.PdfDocument.new()
+    for _ in range(pages):
+        pdf.new_page(612, 792)
+    buf = io.BytesIO()
+    pdf.save(buf)
+    return buf.getvalue()
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR declares ``width x height`` RGB but whose data is a few bytes."""
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
+def truncated_jpeg() -> bytes:
+    """phototest as a JPEG cut off after 40% of its bytes."""
+    data = encode(phototest(), "JPEG", quality=90)
+    return data[: len(data) * 2 // 5]

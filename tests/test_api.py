@@ -1,0 +1,150 @@
+"""The gateway over real HTTP (uvicorn on loopback) with the real ONNX engine."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from ocrserve.evaluation import bag_f1
+from tests import samples
+from tests.conftest import DATA, Gateway, ground_truth
+
+
+def post_file(http: httpx.Client, data: bytes, name: str = "doc", **form) -> httpx.Response:
+    return http.post("/v1/ocr", files={"file": (name, data)}, data=form)
+
+
+def assert_problem(response: httpx.Response, status: int, detail_pattern: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status and body["type"].startswith("https://") and body["title"]
+    assert re.search(detail_pattern, body["detail"]), body["detail"]
+    return body
+
+
+def test_health_ready_models_docs(http):
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").json()["status"] == "ready"
+    (model,) = http.get("/v1/models").json()["data"]
+    assert model["id"] == "rapidocr/PP-OCRv6-small" and model["ready"] is True and model["slots"] >= 1
+    assert model["limits"]["max_pages"] == 200
+    assert "/v1/ocr" in http.get("/openapi.json").json()["paths"]
+    assert http.get("/docs").status_code == 200
+
+
+def test_ocr_result_json(http):
+    body = post_file(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif").json()
+    assert set(body) == {"id", "model", "lane", "text", "pages", "usage"}
+    (page,) = body["pages"]
+    assert (page["index"], page["width"], page["height"]) == (0, 640, 480)
+    assert bag_f1(body["text"], ground_truth("phototest.tif")) > 0.9
+    first = page["lines"][0]
+    assert first["text"].startswith("This is a lot of 12 point text")
+    xs, ys = zip(*first["box"])
+    assert 0 <= min(xs) < 60 and 500 < max(xs) <= 640 and 60 < min(ys) < max(ys) < 140
+    assert 0.5 <= first["score"] <= 1
+    assert {"queue_s", "preprocess_s", "engine_s"} <= set(page["timings"])
+    assert body["usage"]["pages"] == 1
+
+
+def test_boxes_in_client_pixels_after_downscale(http):
+    big = samples.phototest().resize((2560, 1920))  # 4x: the pixel budget shrinks it to <= 2000 px
+    body = post_file(http, samples.encode(big, "PNG"), "big.png").json()
+    (page,) = body["pages"]
+    assert (page["width"], page["height"]) == (2560, 1920)
+    first = next(line for line in page["lines"] if line["text"].startswith("This is a lot"))
+    xs, ys = zip(*first["box"])
+    # the same line sits at x 33..585, y 84..125 in the 640 x 480 original: 4x that here
+    assert 100 < min(xs) < 180 and 2250 < max(xs) < 2420 and 300 < min(ys) < 380 and 460 < max(ys) < 540
+
+
+def test_raw_body_pages_and_formats(http):
+    tiff = (DATA / "testTIFF_multipage.tif").read_bytes()
+    body = http.post("/v1/ocr", content=tiff, headers={"content-type": "image/tiff"}).json()
+    assert [p["index"] for p in body["pages"]] == [0, 1]
+    assert body["text"].count("\f") == 1 and "Page 2" in body["text"].split("\f")[1]
+    second = post_file(http, tiff, "m.tif", pages="2").json()
+    assert [p["index"] for p in second["pages"]] == [1]
+    text = post_file(http, tiff, "m.tif", format="text")
+    assert text.headers["content-type"].startswith("text/plain") and "Page 1" in text.text
+    markdown = post_file(http, tiff, "m.tif", format="markdown").text
+    assert markdown.startswith("## Page 1") and "## Page 2" in markdown
+
+
+@pytest.mark.parametrize("name, make", [
+    ("exif", samples.exif_rotated_jpeg), ("cmyk", samples.cmyk_jpeg),
+    ("pyramid", samples.pyramidal_tiff), ("rotate-pdf", samples.rotated_pdf),
+])
+def test_hard_cases_read_right(http, name, make):
+    body = post_file(http, make(), name).json()
+    assert len(body["pages"]) == 1
+    assert bag_f1(body["text"], ground_truth("phototest.tif")) > 0.85
+
+
+def test_alpha_and_exif_samples(http):
+    for name in ("black_font_color_transparent.png", "img_exif_orientation.jpg"):
+        body = post_file(http, (DATA / name).read_bytes(), name).json()
+        assert ground_truth(name).strip() in body["text"].replace(" ", "")
+
+
+@pytest.mark.parametrize("case, data, status, detail", [
+    ("empty body", b"", 415, "empty"),
+    ("truncated jpeg", samples.truncated_jpeg(), 415, "cannot be decoded"),
+    ("text named .png", b"just some text, not an image\n" * 10, 415, "not a supported document"),
+    ("40000 x 40000 png header", samples.png_header_only(40000, 40000), 413, "max_page_pixels"),
+    ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages.*max_pages=200"),
+])
+def test_bad_input_refused_quickly_and_server_keeps_serving(http, case, data, status, detail):
+    started = time.perf_counter()
+    assert_problem(post_file(http, data, "upload.png"), status, detail)
+    assert time.perf_counter() - started < 5, case
+    assert post_file(http, (DATA / "phototest.tif").read_bytes()).status_code == 200
+
+
+def test_bad_parameters(http):
+    tif = (DATA / "phototest.tif").read_bytes()
+    assert_problem(post_file(http, tif, pages="3"), 400, "1 page")
+    assert_problem(post_file(http, tif, timeout="-1"), 400, "timeout")
+    assert_problem(post_file(http, tif, format="xml"), 400, "format")
+    assert_problem(http.post("/v1/ocr", data={"pages": "1"}), 400, "'file' is required")
+    assert_problem(http.post("/v1/ocr", json={"a": 1}), 415, "Content-Type")
+    assert_problem(http.get("/v1/nothing"), 404, "")
+
+
+def test_deadline_passed_is_504(http):
+    big = samples.encode(samples.phototest().resize((1920, 1440)), "PNG")
+    assert_problem(post_file(http, big, timeout="0.01"), 504, "timeout=0.01")
+
+
+def test_metrics_count_requests(http):
+    post_file(http, (DATA / "phototest.tif").read_bytes())
+    text = http.get("/metrics").text
+    assert re.search(r'ocrserve_http_requests_total\{route="/v1/ocr",status="200"\} [1-9]', text)
+    assert "ocrserve_http_request_duration_seconds_bucket" in text
+    assert re.search(r'ocrserve_pages_total\{outcome="ok"\} [1-9]', text)
+    assert "ocrserve_engine_ready 1.0" in text
+
+
+def test_upload_limit_and_api_keys():
+    gw = Gateway("server.max_upload_mb=0.05", "server.api_keys=[k1]").wait_ready()
+    try:
+        with httpx.Client(base_url=gw.url, timeout=60) as http:
+            tif = (DATA / "phototest.tif").read_bytes()
+            assert_problem(http.post("/v1/ocr", files={"file": ("a", tif)}), 401, "Bearer")
+            assert_problem(http.post("/v1/ocr", files={"file": ("a", tif)}, headers={"authorization": "Bearer nope"}), 403, "not valid")
+            auth = {"authorization": "Bearer k1"}
+            assert http.post("/v1/ocr", files={"file": ("a", tif)}, headers=auth).status_code == 200
+            assert_problem(http.post("/v1/ocr", content=b"x" * 60_000, headers={**auth, "content-type": "image/png"}), 413, "max_upload_mb")
+
+            def chunks():
+                for _ in range(20):
+                    yield b"x" * 8192
+
+            assert_problem(http.post("/v1/ocr", content=chunks(), headers={**auth, "content-type": "image/png"}), 413, "max_upload_mb")
+            assert http.get("/healthz").status_code == 200  # ops endpoints need no key
+    finally:
+        gw.stop()

@@ -1,0 +1,160 @@
+"""The preprocessor on real and generated documents: modes, orientation, containers, limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ocrserve.config import PreprocessConfig
+from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
+from ocrserve.preprocess import (
+    PageFailure, decode_pages, inspect_document, parse_page_ranges, smart_resize, target_size, visual_tokens,
+)
+from tests import samples
+from tests.conftest import DATA
+
+CFG = PreprocessConfig(min_pixels=3136, max_pixels=4_000_000, factor=32, max_side=2000)
+
+
+def decode_all(data, cfg=CFG):
+    info = inspect_document(data, cfg)
+    return decode_pages(data, info, range(info.page_count), cfg)
+
+
+def test_smart_resize_rounds_to_factor_within_budget():
+    # 480 x 640: 480/28 = 17.14 -> 17*28 = 476; 640/28 = 22.86 -> 23*28 = 644; 476*644 = 306,544 in budget
+    assert smart_resize(480, 640, 28, 3136, 1_003_520) == (476, 644)
+    # 3508 x 2480 (A4 at 300 dpi) over max_pixels 1,003,520 (28*28*1280):
+    # beta = sqrt(3508*2480 / 1003520) = sqrt(8.6694) = 2.94438
+    # h = floor(3508 / 2.94438 / 28) * 28 = floor(42.551) * 28 = 1176
+    # w = floor(2480 / 2.94438 / 28) * 28 = floor(30.082) * 28 = 840
+    assert smart_resize(3508, 2480, 28, 3136, 1_003_520) == (1176, 840)
+    # 20 x 30 under min_pixels 3136: beta = sqrt(3136/600) = 2.2862
+    # h = ceil(20 * 2.2862 / 28) * 28 = ceil(1.633) * 28 = 56; w = ceil(30 * 2.2862 / 28) * 28 = ceil(2.449) * 28 = 84
+    assert smart_resize(20, 30, 28, 3136, 1_003_520) == (56, 84)
+
+
+def test_smart_resize_refuses_extreme_aspect_ratio():
+    with pytest.raises(PayloadTooLarge, match="aspect ratio"):
+        smart_resize(10, 2500, 28, 3136, 1_003_520)
+
+
+def test_target_size_caps_longer_side_then_applies_factor():
+    # 4000 x 2864 -> max_side 2000 -> 2000 x 1432 -> multiples of 32: 2000/32=62.5 -> 62*32=1984 (round half even),
+    # 1432/32 = 44.75 -> 45*32 = 1440; 1984*1440 = 2,856,960 <= 4,000,000
+    assert target_size(4000, 2864, CFG) == (1984, 1440)
+
+
+def test_visual_tokens_one_per_factor_block():
+    assert visual_tokens(1984, 1440, 32) == 62 * 45
+    assert visual_tokens(840, 1176, 28) == 30 * 42
+
+
+def test_page_ranges():
+    assert parse_page_ranges("1-3,5", 6) == [0, 1, 2, 4]
+    assert parse_page_ranges(None, 3) == [0, 1, 2]
+    assert parse_page_ranges(" 2 ", 3) == [1]
+    for bad in ("0", "3-1", "a", "1-9"):
+        with pytest.raises(BadRequest):
+            parse_page_ranges(bad, 4)
+
+
+def test_one_bit_tiff_to_rgb_with_original_size():
+    (page,) = decode_all((DATA / "phototest.tif").read_bytes())
+    assert (page.width, page.height) == (640, 480)
+    assert page.image.shape == (480, 640, 3) and page.image.dtype == np.uint8
+    assert page.scale == (1.0, 1.0)
+
+
+def test_exif_orientation_applied():
+    (page,) = decode_all(samples.exif_rotated_jpeg())
+    assert (page.width, page.height) == (640, 480)  # stored 480 x 640, displayed landscape
+    # phototest's text starts top-left: the top-left quarter holds dark pixels, the bottom-right corner is white
+    assert page.image[:120, :320].min() < 100
+    assert page.image[-20:, -20:].min() > 200
+
+
+def test_cmyk_jpeg_keeps_white_paper_white():
+    (page,) = decode_all(samples.cmyk_jpeg())
+    assert page.image[-20:, -20:].mean() > 240  # an inverted-CMYK mistake would make it black
+    assert page.image.min() < 60  # and the text stays dark
+
+
+def test_alpha_flattened_on_white():
+    (page,) = decode_all((DATA / "black_font_color_transparent.png").read_bytes())
+    # black text on a transparent background: dropping alpha gives black on black
+    assert np.median(page.image) == 255
+    assert page.image.min() < 50
+
+
+def test_sixteen_bit_gray_scaled_to_eight():
+    gray16 = Image.fromarray(np.tile(np.linspace(0, 65535, 256), (64, 1)).astype(np.uint16))
+    assert gray16.mode == "I;16"
+    (page,) = decode_all(samples.encode(gray16, "PNG"))
+    assert page.image.min() == 0 and page.image.max() == 255
+
+
+def test_palette_png_to_rgb():
+    (page,) = decode_all(samples.encode(samples.phototest().convert("P"), "PNG"))
+    assert page.image.shape == (480, 640, 3)
+
+
+def test_multipage_tiff_every_page():
+    pages = decode_all((DATA / "testTIFF_multipage.tif").read_bytes())
+    assert [p.index for p in pages] == [0, 1]
+
+
+def test_pyramidal_tiff_skips_reduced_resolution_copies():
+    info = inspect_document(samples.pyramidal_tiff(), CFG)
+    assert info.page_count == 1 and info.frames == (0,)
+
+
+def test_pdf_rotate_honoured_and_rendered_at_budget():
+    (page,) = decode_all(samples.rotated_pdf())
+    # 480 x 640 pt image page, /Rotate 90 -> displayed 640 x 480 pt -> at 200 dpi 1778 x 1333 px
+    assert (page.width, page.height) == (1778, 1333)
+    h, w = page.image.shape[:2]
+    assert w > h and w % 32 == 0 and h % 32 == 0
+    assert page.image[: h // 4, : w // 2].min() < 100  # text upright: top-left holds ink
+
+
+def test_pdf_render_respects_pixel_budget():
+    cfg = PreprocessConfig(min_pixels=3136, max_pixels=200_000, factor=28)
+    (page,) = decode_all(samples.rotated_pdf(), cfg)
+    h, w = page.image.shape[:2]
+    assert h * w <= 200_000 and h % 28 == 0 and w % 28 == 0
+
+
+def test_gif_first_frame_only():
+    frames = [samples.phototest(), samples.phototest().transpose(Image.Transpose.FLIP_TOP_BOTTOM)]
+    data = samples.encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    assert inspect_document(data, CFG).page_count == 1
+
+
+@pytest.mark.parametrize("fmt", ["WEBP", "BMP", "PNG"])
+def test_other_formats(fmt):
+    (page,) = decode_all(samples.encode(samples.phototest(), fmt))
+    assert (page.width, page.height) == (640, 480)
+
+
+def test_jpeg_draft_decodes_large_page_small():
+    big = samples.phototest().resize((6400, 4800))
+    cfg = PreprocessConfig(min_pixels=3136, max_pixels=1_000_000, factor=28)
+    (page,) = decode_all(samples.encode(big, "JPEG", quality=90), cfg)
+    assert (page.width, page.height) == (6400, 4800)
+    assert page.image.shape[0] * page.image.shape[1] <= 1_000_000
+
+
+def test_limits_and_bad_files():
+    with pytest.raises(UnsupportedMedia, match="empty"):
+        inspect_document(b"", CFG)
+    with pytest.raises(UnsupportedMedia, match="not a supported document"):
+        inspect_document(b"hello, this is text\n", CFG)
+    with pytest.raises(PayloadTooLarge, match="max_pages"):
+        inspect_document(samples.blank_pdf(300), CFG)
+    (failure,) = decode_all(samples.png_header_only(40000, 40000))
+    assert isinstance(failure, PageFailure) and failure.problem.status == 413
+    assert "max_page_pixels" in failure.problem.detail
+    (failure,) = decode_all(samples.truncated_jpeg())
+    assert isinstance(failure, PageFailure) and failure.problem.status == 415

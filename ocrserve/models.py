@@ -79,6 +79,7 @@ class ModelSpec:
         parameters: total parameters, language model plus vision encoder.
         dtype: checkpoint dtype vLLM loads by default (``--dtype auto``).
         num_layers: decoder layers (each keeps K and V per token).
+        num_attention_heads: query heads per layer (tensor parallelism must divide them).
         num_kv_heads: key/value heads per layer (grouped-query attention).
         head_dim: dimension of one attention head.
         hidden_size: decoder hidden size.
@@ -110,6 +111,7 @@ class ModelSpec:
     parameters: int
     dtype: str
     num_layers: int
+    num_attention_heads: int
     num_kv_heads: int
     head_dim: int
     hidden_size: int
@@ -272,6 +274,7 @@ HUNYUAN_OCR = ModelSpec(
     parameters=1_000_000_000,
     dtype="bfloat16",
     num_layers=24,
+    num_attention_heads=16,
     num_kv_heads=8,
     head_dim=128,
     hidden_size=1024,
@@ -301,6 +304,7 @@ HUNYUAN_OCR = ModelSpec(
                       "config arithmetic: decoder 0.54B incl. tied 120818x1024 embedding + ViT 0.44B)",
         "dtype": HF + "tencent/HunyuanOCR/blob/main/config.json (bfloat16; README loads dtype=torch.bfloat16)",
         "num_layers": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.num_hidden_layers=24",
+        "num_attention_heads": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.num_attention_heads=16",
         "num_kv_heads": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.num_key_value_heads=8",
         "head_dim": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.head_dim=128",
         "hidden_size": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.hidden_size=1024",
@@ -343,6 +347,7 @@ PADDLEOCR_VL = ModelSpec(
     parameters=900_000_000,
     dtype="bfloat16",
     num_layers=18,
+    num_attention_heads=16,
     num_kv_heads=2,
     head_dim=128,
     hidden_size=1024,
@@ -365,6 +370,7 @@ PADDLEOCR_VL = ModelSpec(
                       "ERNIE-4.5-0.3B)",
         "dtype": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json (torch_dtype bfloat16)",
         "num_layers": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json num_hidden_layers=18",
+        "num_attention_heads": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json num_attention_heads=16",
         "num_kv_heads": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json num_key_value_heads=2",
         "head_dim": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json head_dim=128",
         "hidden_size": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json hidden_size=1024",
@@ -401,6 +407,7 @@ DEEPSEEK_OCR = ModelSpec(
     parameters=3_380_000_000,
     dtype="bfloat16",
     num_layers=12,
+    num_attention_heads=10,
     num_kv_heads=10,
     head_dim=128,
     hidden_size=1280,
@@ -421,7 +428,7 @@ DEEPSEEK_OCR = ModelSpec(
         "table": "Free OCR.",
     },
     image_first=True,
-    sampling={"temperature": 0.0, "max_tokens": 8192, "skip_special_tokens": False,
+    sampling={"temperature": 0.0, "max_tokens": 7168, "skip_special_tokens": False,
               "vllm_xargs": {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}},
     vllm_flags=("--logits-processors", "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
                 *NO_CACHE_FLAGS),
@@ -431,6 +438,7 @@ DEEPSEEK_OCR = ModelSpec(
                       "(SAM-base 80M + CLIP-large 300M) + DeepSeek3B-MoE-A570M decoder => ~3.38B)",
         "dtype": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json (torch_dtype bfloat16)",
         "num_layers": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_hidden_layers=12",
+        "num_attention_heads": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_attention_heads=10",
         "num_kv_heads": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_key_value_heads"
                         "=10 (kv_lora_rank null: plain multi-head attention, no MLA)",
         "head_dim": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json hidden_size 1280 / 10 heads = 128",
@@ -455,8 +463,9 @@ DEEPSEEK_OCR = ModelSpec(
         "prompts": RECIPES + "DeepSeek/DeepSeek-OCR.md (online serving sends the text 'Free OCR.'; the model "
                    "card's '<image>\\n<|grounding|>Convert the document to markdown.' minus the <image> tag, which "
                    "vLLM's chat template inserts); no table-specific prompt exists",
-        "sampling": RECIPES + "DeepSeek/DeepSeek-OCR.md (temperature=0.0, max_tokens=8192, "
-                    "skip_special_tokens=False, vllm_xargs ngram_size=30 window_size=90 whitelist <td></td> "
+        "sampling": RECIPES + "DeepSeek/DeepSeek-OCR.md (temperature=0.0, skip_special_tokens=False, "
+                    "max_tokens=8192 offline; ocrserve sends 7168 = 8192 max_position_embeddings minus one page's "
+                    "<=1024 visual+prompt tokens, since vLLM rejects prompt + max_tokens > max_model_len; vllm_xargs ngram_size=30 window_size=90 whitelist <td></td> "
                     "= 128821, 128822)",
         "vllm_flags": RECIPES + "DeepSeek/DeepSeek-OCR.md (--logits_processors vllm.model_executor.models."
                       "deepseek_ocr:NGramPerReqLogitsProcessor --no-enable-prefix-caching --mm-processor-cache-gb 0)",
@@ -485,6 +494,7 @@ DOTS_OCR = ModelSpec(
     parameters=3_000_000_000,
     dtype="bfloat16",
     num_layers=28,
+    num_attention_heads=12,
     num_kv_heads=2,
     head_dim=128,
     hidden_size=1536,
@@ -508,6 +518,7 @@ DOTS_OCR = ModelSpec(
                       "1.78B Qwen2-style decoder incl. untied 151936x1536 embeddings + 1.21B 42-layer ViT)",
         "dtype": HF + "rednote-hilab/dots.ocr/blob/main/config.json torch_dtype bfloat16",
         "num_layers": HF + "rednote-hilab/dots.ocr/blob/main/config.json num_hidden_layers=28",
+        "num_attention_heads": HF + "rednote-hilab/dots.ocr/blob/main/config.json num_attention_heads=12",
         "num_kv_heads": HF + "rednote-hilab/dots.ocr/blob/main/config.json num_key_value_heads=2",
         "head_dim": HF + "rednote-hilab/dots.ocr/blob/main/config.json hidden_size 1536 / 12 heads = 128",
         "hidden_size": HF + "rednote-hilab/dots.ocr/blob/main/config.json hidden_size=1536",
@@ -544,6 +555,7 @@ DOTS_OCR = ModelSpec(
 _QWEN25_SOURCES = {
     "dtype": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json torch_dtype bfloat16",
     "num_layers": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json num_hidden_layers=28",
+    "num_attention_heads": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json num_attention_heads=28",
     "num_kv_heads": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json num_key_value_heads=4",
     "head_dim": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json hidden_size 3584 / 28 heads = 128",
     "hidden_size": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json hidden_size=3584",
@@ -568,6 +580,7 @@ OLMOCR_2 = ModelSpec(
     parameters=8_290_000_000,
     dtype="bfloat16",
     num_layers=28,
+    num_attention_heads=28,
     num_kv_heads=4,
     head_dim=128,
     hidden_size=3584,
@@ -620,6 +633,7 @@ QWEN25_VL = ModelSpec(
     parameters=8_290_000_000,
     dtype="bfloat16",
     num_layers=28,
+    num_attention_heads=28,
     num_kv_heads=4,
     head_dim=128,
     hidden_size=3584,
@@ -661,6 +675,7 @@ QWEN3_VL = ModelSpec(
     parameters=8_770_000_000,
     dtype="bfloat16",
     num_layers=36,
+    num_attention_heads=32,
     num_kv_heads=8,
     head_dim=128,
     hidden_size=4096,
@@ -682,6 +697,7 @@ QWEN3_VL = ModelSpec(
         "parameters": HF + "Qwen/Qwen3-VL-8B-Instruct (BF16 shards total 17.53 GB => 8.77B parameters)",
         "dtype": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.dtype bfloat16",
         "num_layers": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_hidden_layers=36",
+        "num_attention_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_attention_heads=32",
         "num_kv_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_key_value_heads=8",
         "head_dim": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.head_dim=128",
         "hidden_size": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.hidden_size=4096",
@@ -835,6 +851,7 @@ def from_local(folder: str | Path) -> ModelSpec:
         hidden = text["hidden_size"]
         fields = {
             "num_layers": text["num_hidden_layers"],
+            "num_attention_heads": heads,
             "num_kv_heads": text.get("num_key_value_heads") or heads,
             "head_dim": text.get("head_dim") or hidden // heads,
             "hidden_size": hidden,

@@ -110,7 +110,7 @@ def test_bad_parameters(http):
     assert_problem(post_file(http, tif, pages="3"), 400, "1 page")
     assert_problem(post_file(http, tif, timeout="-1"), 400, "timeout")
     assert_problem(post_file(http, tif, format="xml"), 400, "format")
-    assert_problem(http.post("/v1/ocr", data={"pages": "1"}), 400, "'file' is required")
+    assert_problem(http.post("/v1/ocr", files={"document": ("a.tif", tif)}), 400, "'file' is required")
     assert_problem(http.post("/v1/ocr", json={"a": 1}), 415, "Content-Type")
     assert_problem(http.get("/v1/nothing"), 404, "")
 

@@ -438,7 +438,8 @@ DEEPSEEK_OCR = ModelSpec(
                       "(SAM-base 80M + CLIP-large 300M) + DeepSeek3B-MoE-A570M decoder => ~3.38B)",
         "dtype": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json (torch_dtype bfloat16)",
         "num_layers": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_hidden_layers=12",
-        "num_attention_heads": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_attention_heads=10",
+        "num_attention_heads": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json "
+                               "language_config.num_attention_heads=10",
         "num_kv_heads": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json language_config.num_key_value_heads"
                         "=10 (kv_lora_rank null: plain multi-head attention, no MLA)",
         "head_dim": HF + "deepseek-ai/DeepSeek-OCR/blob/main/config.json hidden_size 1280 / 10 heads = 128",
@@ -465,7 +466,8 @@ DEEPSEEK_OCR = ModelSpec(
                    "vLLM's chat template inserts); no table-specific prompt exists",
         "sampling": RECIPES + "DeepSeek/DeepSeek-OCR.md (temperature=0.0, skip_special_tokens=False, "
                     "max_tokens=8192 offline; ocrserve sends 7168 = 8192 max_position_embeddings minus one page's "
-                    "<=1024 visual+prompt tokens, since vLLM rejects prompt + max_tokens > max_model_len; vllm_xargs ngram_size=30 window_size=90 whitelist <td></td> "
+                    "<=1024 visual+prompt tokens, since vLLM rejects prompt + max_tokens > max_model_len; "
+                    "vllm_xargs ngram_size=30 window_size=90 whitelist <td></td> "
                     "= 128821, 128822)",
         "vllm_flags": RECIPES + "DeepSeek/DeepSeek-OCR.md (--logits_processors vllm.model_executor.models."
                       "deepseek_ocr:NGramPerReqLogitsProcessor --no-enable-prefix-caching --mm-processor-cache-gb 0)",
@@ -697,7 +699,8 @@ QWEN3_VL = ModelSpec(
         "parameters": HF + "Qwen/Qwen3-VL-8B-Instruct (BF16 shards total 17.53 GB => 8.77B parameters)",
         "dtype": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.dtype bfloat16",
         "num_layers": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_hidden_layers=36",
-        "num_attention_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_attention_heads=32",
+        "num_attention_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json "
+                               "text_config.num_attention_heads=32",
         "num_kv_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_key_value_heads=8",
         "head_dim": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.head_dim=128",
         "hidden_size": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.hidden_size=4096",

@@ -295,7 +295,11 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, need:
               and _memory(model, g, util, budget).seqs(budget.page_tokens) >= need]
     if bigger:
         ideas.append("a bigger GPU: " + ", ".join(bigger[:4]))
-    return "; ".join(ideas) if ideas else "nothing in the registry fits; use --gpus N for tensor parallelism"
+    split = [n for n in (2, 4, 8) if model.num_attention_heads % n == 0
+             and _memory(model, gpu, util, budget, tp=n).seqs(budget.page_tokens) >= need]
+    if split:
+        ideas.append(f"--gpus {split[0]} (tensor parallel over {split[0]} x {gpu.name})")
+    return "; ".join(ideas) if ideas else "nothing in the registry fits this page budget"
 
 
 def _memory_steps(model: ModelSpec, gpu: GpuSpec, util: float, mem: _Memory, budget: _Budget,
@@ -345,7 +349,8 @@ def _layouts(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, n: in
         Step("parallel.tensor", f"tensor parallel {n}", tensor, "seqs",
              f"weights and KV heads split {n} ways: {tensor} pages in flight; 2 all-reduces of the hidden state "
              "per layer per step" if tp_ok else
-             f"not possible: {model.num_attention_heads} attention / {model.num_kv_heads} KV heads do not divide by {n}"),
+             f"not possible: {model.num_attention_heads} attention / {model.num_kv_heads} KV heads do not "
+             f"divide by {n}"),
         Step("parallel.pipeline", f"pipeline parallel {n}", pipe, "seqs",
              f"layers split in {n} stages: {pipe} pages in flight; bubble efficiency m/(m+n-1) = "
              f"{n}/({n}+{n}-1) = {efficiency:.2f} with vLLM's m = n micro-batches in flight"),
@@ -421,7 +426,8 @@ def plan_serving(
                         f"lower max_tokens ({budget.max_tokens}) or max_pixels")
 
     steps = [
-        Step("visual_tokens", "visual tokens per page (max)", budget.visual, "tokens", _visual_derivation(model, budget)),
+        Step("visual_tokens", "visual tokens per page (max)", budget.visual, "tokens",
+             _visual_derivation(model, budget)),
         Step("prompt_tokens", "prompt tokens (estimate)", budget.prompt, "tokens",
              f"longest task prompt, ceil(UTF-8 bytes / 2) + chat template [{model.sources.get('prompts', '')}]"),
         Step("output_tokens", "output budget per page", budget.max_tokens, "tokens",
@@ -435,9 +441,13 @@ def plan_serving(
                       f"floor(({gib(mem.usable)} - {gib(mem.fixed)} fixed) / ({page} tokens x {mem.kv_per_token:,} B "
                       f"+ {mem.sampler_per_seq:,} B sampler)) = {fit}"))
     if fit < 1:
-        raise PlanError(f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): one page "
-                        f"needs {gib(page * mem.kv_per_token)} of KV cache after {gib(mem.fixed)} of weights and "
-                        f"reserves. What would fit: {_suggest(model, gpu, util, budget, 1)}")
+        if mem.weights >= mem.usable:
+            why = f"its weights alone take {gib(mem.weights)} of the {gib(mem.usable)} vLLM may use"
+        else:
+            why = (f"one page needs {gib(page * mem.kv_per_token)} of KV cache but only "
+                   f"{gib(max(0, mem.usable - mem.fixed))} is left after {gib(mem.fixed)} of weights and reserves")
+        raise PlanError(f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): {why}. "
+                        f"What would fit: {_suggest(model, gpu, util, budget, 1)}")
     seqs, why = min(fit, MAX_NUM_SEQS_CAP), f"min(memory {fit}, CUDA-graph cap {MAX_NUM_SEQS_CAP})"
     if p95_seconds is not None:
         cap, derivation = _p95_cap(model, gpu, mem, budget, p95_seconds)

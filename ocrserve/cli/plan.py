@@ -1,0 +1,162 @@
+"""``ocrserve plan`` and ``ocrserve models``: vLLM flags from GPU memory, and the model registry."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ocrserve.config import ConfigError, load_config
+from ocrserve.gpus import GIB, GpuError, GpuSpec, detect, lookup
+from ocrserve.models import DEFAULT_MODEL, REGISTRY, ModelError, get_model
+from ocrserve.planner import RENDERERS, PlanError, plan_serving
+
+err_console = Console(stderr=True)
+
+
+class Format(str, Enum):
+    """Output formats of ``ocrserve plan``."""
+
+    table = "table"
+    yaml = "yaml"
+    json = "json"
+    argv = "argv"
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/bold red] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def _profile_settings(profile: str) -> dict:
+    """Model, pixel budget and ``vllm`` section of a profile; empty when the profile is absent.
+
+    Only profiles of the ``vllm`` engine are used (the CPU profiles' models and pixel budgets belong
+    to other engines). The ``vllm`` section is read if the profile has one; keys are vLLM engine
+    arguments.
+    """
+    try:
+        config = load_config(profile, environ={})
+    except ConfigError as exc:
+        err_console.print(f"note: profile {profile!r} not used ({exc}); planning from the flags alone",
+                          style="dim", highlight=False)
+        return {}
+    if config.engine.kind != "vllm":
+        err_console.print(f"note: profile {profile!r} runs the {config.engine.kind} engine; planning from the "
+                          "flags alone", style="dim", highlight=False)
+        return {}
+    settings = {
+        "model": config.engine.model,
+        "min_pixels": config.preprocess.min_pixels,
+        "max_pixels": config.preprocess.max_pixels,
+        "factor": config.preprocess.factor,
+    }
+    vllm_section = getattr(config, "vllm", None)
+    if vllm_section is not None:
+        settings["vllm"] = vllm_section.model_dump() if hasattr(vllm_section, "model_dump") else dict(vllm_section)
+    return settings
+
+
+def _resolve_gpu(gpu: str, gpu_memory: float | None) -> tuple[GpuSpec, int]:
+    """The GPU spec to plan for and how many were detected (1 unless ``auto``)."""
+    count = 1
+    if gpu.lower() == "auto" and gpu_memory is None:
+        found = detect()
+        return found.as_spec(), found.count
+    if gpu.lower() == "auto":
+        base = GpuSpec("custom", 0, (8, 0), 0.0, (), "--gpu-memory; bf16 assumed, bandwidth unknown")
+    else:
+        base = lookup(gpu)
+    if gpu_memory is not None:
+        base = GpuSpec(base.name, int(gpu_memory * GIB / 1024**2), base.compute_capability,
+                       base.bandwidth_gbs, base.aliases, base.source + f"; memory set to {gpu_memory:g} GiB")
+    return base, count
+
+
+def plan(
+    profile: Annotated[str, typer.Option(help="Profile supplying model, pixel budget and vllm settings "
+                                              "(flags win); works without one.")] = "prod",
+    model: Annotated[Optional[str], typer.Option(help="Registry id or a local folder with config.json.")] = None,
+    gpu: Annotated[str, typer.Option(help="GPU name (e.g. 'RTX 4090D', a100-80g) or 'auto' to detect.")] = "auto",
+    gpu_memory: Annotated[Optional[float], typer.Option(help="Memory per GPU, GiB (overrides the registry).")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="Number of GPUs (default: 1, or all detected with auto).")] = None,
+    p95: Annotated[Optional[float], typer.Option(help="p95 page-latency target, s: caps --max-num-seqs.")] = None,
+    max_pixels: Annotated[Optional[int], typer.Option(help="Pixel budget per page (overrides the profile).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output-token budget per page.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory vLLM may use "
+                                                                         "(default 0.90).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")]
+    = Format.table,
+) -> None:
+    """Plan `vllm serve` flags for an OCR model on a GPU, showing how each number is derived.
+
+    The KV cache left after weights, activations and reserves is divided by the tokens one page can
+    need (visual tokens at max_pixels + prompt + max output), which sets --max-num-seqs; the other
+    flags follow from the page and the model card.
+
+    Examples:
+
+        ocrserve plan --gpu "RTX 4090D"
+
+        ocrserve plan --model allenai/olmOCR-2-7B-1025 --gpu a100-80g --format yaml
+
+        ocrserve plan --model PaddlePaddle/PaddleOCR-VL --gpu rtx3060 --p95 20
+
+        ocrserve plan --gpu-memory 24 --gpus 2 --format argv
+
+        ocrserve plan --model ./checkpoints/my-qwen2.5-vl --gpu auto
+    """
+    settings = _profile_settings(profile)
+    vllm_settings = dict(settings.get("vllm") or {})
+    try:
+        spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
+        gpu_spec, detected = _resolve_gpu(gpu, gpu_memory)
+        util = gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90
+        result = plan_serving(
+            spec, gpu_spec,
+            gpus=gpus or detected,
+            gpu_memory_utilization=util,
+            min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
+            max_pixels=max_pixels or settings.get("max_pixels"),
+            factor=settings.get("factor"),
+            max_tokens=max_tokens,
+            max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
+            p95_seconds=p95,
+            overrides=vllm_settings,
+        )
+    except (ModelError, GpuError, PlanError) as exc:
+        raise _fail(str(exc)) from None
+    rendered = RENDERERS[fmt.value](result)
+    if fmt is Format.table:
+        Console().print(rendered)
+    else:
+        typer.echo(rendered)
+
+
+def _number(value):
+    """A configured number, or ``None`` for absent/``auto``."""
+    return None if value in (None, "auto") else value
+
+
+def models() -> None:
+    """List the OCR models the planner knows, with the numbers that size their KV cache.
+
+    Examples:
+
+        ocrserve models
+    """
+    table = Table("model", "params", "layers x kv heads x head dim", "KV/token", "factor", "pixels",
+                  "max tokens", "vLLM >=")
+    for spec in REGISTRY.values():
+        pixels = (f"{spec.min_pixels:,}..{spec.max_pixels:,}" if spec.supports_pixel_budget
+                  else "tiled (1024 + 6x640)")
+        table.add_row(
+            spec.id, f"{spec.parameters / 1e9:.2f}B",
+            f"{spec.num_layers} x {spec.num_kv_heads} x {spec.head_dim}",
+            f"{spec.kv_bytes_per_token() // 1024} KiB", str(spec.factor), pixels,
+            str(spec.max_tokens), spec.min_vllm,
+        )
+    Console().print(table)

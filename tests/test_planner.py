@@ -1,0 +1,303 @@
+"""Planner: three model x GPU cases computed by hand, misfits, multi-GPU, renderers, the CLI, and
+(where vLLM is importable) the planned argv through vLLM's own argument parser.
+
+The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/planner.py``:
+reserves CUDA graphs 0.5 GiB = 536,870,912 B and CUDA context 0.75 GiB = 805,306,368 B; activations
+2 B per value; sampler 8 B per vocabulary entry per sequence; KV blocks of 16 tokens;
+``max_num_batched_tokens`` >= 8192.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+
+import pytest
+import typer
+import yaml
+from rich.console import Console
+from typer.testing import CliRunner
+
+from ocrserve.cli import plan as plan_cli
+from ocrserve.gpus import GpuSpec, lookup
+from ocrserve.models import get_model
+from ocrserve.planner import PlanError, plan_serving, render_argv, render_json, render_table, render_yaml
+
+GIB = 1024**3
+RESERVES = 536_870_912 + 805_306_368  # CUDA graphs + CUDA context
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_hunyuan_on_rtx_4090d_with_a_2048_squared_budget():
+    plan = plan_serving(get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"),
+                        min_pixels=512 * 512, max_pixels=2048 * 2048, factor=32)
+    # visual: a square 2048x2048 page -> 64*(64+1)+2 = 4162; vLLM's 512x8192 profile image (area
+    #   4,194,304, not resized) -> 256*(16+1)+2 = 4354; the larger: 4354
+    # prompt: doc_parse prompt 209 bytes -> ceil(209/2) + 32 = 137
+    # page:   4354 + 137 + 16384 (max_tokens) = 20875 tokens
+    assert plan.value("visual_tokens") == 4354
+    assert plan.value("page_tokens") == 20875
+    # usable: 24 GiB * 0.9 = 25,769,803,776 * 0.9 = 23,192,823,398
+    assert plan.value("usable_bytes") == 23_192_823_398
+    # weights: 1e9 params * 2 B = 2,000,000,000
+    assert plan.value("weights_bytes") == 2_000_000_000
+    # batched tokens: max(8192, 4354+137=4491 rounded up to 256 = 4608) = 8192
+    # decoder activation: 8192 * (4*1024 + 3*3584) * 2 = 8192 * 14848 * 2 = 243,269,632
+    assert plan.value("lm_activation_bytes") == 243_269_632
+    # encoder activation: 4354 tokens * 2^2 patches * (4*1152 + 3*4304) * 2 = 17416 * 17520 * 2 = 610,256,640
+    assert plan.value("encoder_activation_bytes") == 610_256_640
+    # encoder cache: max(8192, 4354) * 1024 * 2 = 16,777,216
+    # fixed: 2,000,000,000 + max(243,269,632, 610,256,640) + 16,777,216 + 1,342,177,280 = 3,969,211,136
+    # free:  23,192,823,398 - 3,969,211,136 = 19,223,612,262
+    # KV per token: 2 * 24 layers * 8 kv heads * 128 * 2 B = 98,304; sampler: 120,818 * 8 = 966,544
+    # per page: 20875 * 98,304 + 966,544 = 2,052,096,000 + 966,544 = 2,053,062,544
+    # pages: floor(19,223,612,262 / 2,053,062,544) = 9   (10 pages would need 20,530,625,440)
+    assert plan.value("kv_bytes_per_token") == 98_304
+    assert plan.value("seqs_by_memory") == 9
+    assert plan.value("max_num_seqs") == 9
+    # KV tokens: (19,223,612,262 - 9 * 966,544) // 98,304 = 195,462 -> whole 16-token blocks: 195,456
+    assert plan.value("kv_tokens") == 195_456
+    argv = plan.argv()
+    assert argv[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
+    assert _flag(argv, "--max-num-seqs") == "9"
+    assert _flag(argv, "--max-num-batched-tokens") == "8192"
+    assert _flag(argv, "--max-model-len") == "20875"
+    assert _flag(argv, "--gpu-memory-utilization") == "0.9"
+    assert json.loads(_flag(argv, "--limit-mm-per-prompt")) == {"image": 1}
+    assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 262144, "max_pixels": 4194304}
+    assert _flag(argv, "--scheduling-policy") == "priority"
+    assert argv[-3:] == ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+    assert "--dtype" not in argv  # the 4090D computes in bf16
+
+
+def test_olmocr2_on_a100_80g():
+    plan = plan_serving(get_model("allenai/olmOCR-2-7B-1025"), lookup("A100 80G"))
+    # visual: max_pixels 1288^2 = 1,658,944 // 28^2 = 2116; prompt: 557 bytes -> 279 + 32 = 311
+    # page: 2116 + 311 + 8000 = 10427
+    assert (plan.value("visual_tokens"), plan.value("prompt_tokens"), plan.value("page_tokens")) == (2116, 311, 10427)
+    # usable: 80 GiB * 0.9 = 85,899,345,920 * 0.9 = 77,309,411,328
+    # weights: 8.29e9 * 2 = 16,580,000,000
+    # decoder activation: 8192 * (4*3584 + 3*18944) * 2 = 8192 * 71168 * 2 = 1,166,016,512
+    # encoder activation: 2116 * 4 * (4*1280 + 3*3420) * 2 = 8464 * 15380 * 2 = 260,352,640
+    # encoder cache: 8192 * 3584 * 2 = 58,720,256
+    # fixed: 16,580,000,000 + 1,166,016,512 + 58,720,256 + 1,342,177,280 = 19,146,914,048
+    # free: 77,309,411,328 - 19,146,914,048 = 58,162,497,280
+    # per page: 10427 * 57,344 + 152,064 * 8 = 597,925,888 + 1,216,512 = 599,142,400
+    # pages: floor(58,162,497,280 / 599,142,400) = 97
+    assert plan.value("lm_activation_bytes") == 1_166_016_512
+    assert plan.value("encoder_activation_bytes") == 260_352_640
+    assert plan.value("max_num_seqs") == 97
+    # KV tokens: (58,162,497,280 - 97 * 1,216,512) // 57,344 = 1,012,215 -> blocks of 16: 1,012,208
+    assert plan.value("kv_tokens") == 1_012_208
+    argv = plan.argv()
+    assert (_flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("97", "10427")
+    assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 3136, "max_pixels": 1_658_944}
+    assert "--trust-remote-code" not in argv  # Qwen2.5-VL is native in vLLM
+
+
+def test_paddleocr_vl_on_rtx_3060_12g():
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
+    # visual: 2,822,400 // 784 = 3600; prompt: 'Table Recognition:' 18 bytes -> 9 + 32 = 41
+    # page: 3600 + 41 + 8192 = 11833
+    assert plan.value("page_tokens") == 11833
+    # usable: 12 GiB * 0.9 = 12,884,901,888 * 0.9 = 11,596,411,699
+    # weights: 0.9e9 * 2 = 1,800,000,000
+    # decoder activation: 8192 * (4*1024 + 3*3072) * 2 = 8192 * 13312 * 2 = 218,103,808
+    # encoder activation: 3600 * 4 * (4*1152 + 3*4304) * 2 = 14400 * 17520 * 2 = 504,576,000
+    # encoder cache: 8192 * 1024 * 2 = 16,777,216
+    # fixed: 1,800,000,000 + 504,576,000 + 16,777,216 + 1,342,177,280 = 3,663,530,496
+    # free: 11,596,411,699 - 3,663,530,496 = 7,932,881,203
+    # per page: 11833 * 18,432 + 103,424 * 8 = 218,105,856 + 827,392 = 218,933,248
+    # pages: floor(7,932,881,203 / 218,933,248) = 36
+    assert plan.value("max_num_seqs") == 36
+    # KV tokens: (7,932,881,203 - 36 * 827,392) // 18,432 = 428,770 -> blocks of 16: 428,768
+    assert plan.value("kv_tokens") == 428_768
+    argv = plan.argv()
+    assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "36"
+
+
+def test_p95_target_caps_max_num_seqs():
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=20)
+    # p95 page: 2048 output tokens; mean context 3600 + 41 + 1024 = 4665 tokens
+    # a step may stream 20 s / 2048 * (360e9 B/s * 0.8) = 2,812,500,000 B
+    # B <= (2,812,500,000 - 1,800,000,000 weights) / (4665 * 18,432 B) = 1,012,500,000 / 85,985,280 = 11.8
+    assert plan.value("seqs_by_p95") == 11
+    assert plan.value("max_num_seqs") == 11  # min(memory 36, p95 11)
+    with pytest.raises(PlanError, match="out of reach"):
+        # one page alone: 2048 * (1.8e9 + 85,985,280) / 288e9 = 13.4 s > 10 s
+        plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=10)
+
+
+def test_model_too_big_for_the_gpu_says_what_would_fit():
+    with pytest.raises(PlanError) as err:
+        plan_serving(get_model("Qwen/Qwen3-VL-8B-Instruct"), lookup("RTX 3060"))
+    # 8.77e9 * 2 B = 16.34 GiB of weights > 12 GiB * 0.9 = 10.80 GiB
+    message = str(err.value)
+    assert "does not fit" in message and "weights alone take 16.34 GiB of the 10.80 GiB" in message
+    assert "a bigger GPU: L40S 48G" in message and "--gpus 4" in message
+
+
+def test_page_too_big_suggests_a_smaller_budget():
+    six_gib = GpuSpec("6 GiB card", 6 * 1024, (8, 6), 0.0)
+    with pytest.raises(PlanError) as err:
+        plan_serving(get_model("tencent/HunyuanOCR"), six_gib)
+    message = str(err.value)
+    assert "one page needs" in message and "max_pixels <=" in message
+    suggested = int(message.split("max_pixels <= ")[1].split(" ")[0].replace(",", ""))
+    plan = plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=suggested)  # the advice works
+    assert plan.value("max_num_seqs") == 1
+    # at 2048^2 px the page (4354 visual + 137 prompt + 16384 output) is what does not fit: fewer output tokens do
+    with pytest.raises(PlanError) as err:
+        plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=2048 * 2048)
+    tokens = int(str(err.value).split("max_tokens <= ")[1].split(" ")[0])
+    assert plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=2048 * 2048,
+                        max_tokens=tokens).value("max_num_seqs") == 1
+
+
+def test_requested_max_num_seqs_beyond_memory_fails():
+    with pytest.raises(PlanError, match="memory holds 36 pages"):
+        plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=64)
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=8)
+    assert plan.value("max_num_seqs") == 8
+
+
+def test_preprocessor_factor_must_match_the_model():
+    with pytest.raises(PlanError, match="preprocess.factor: 32"):
+        plan_serving(get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"), factor=28)
+
+
+def test_page_longer_than_the_model_context_fails():
+    with pytest.raises(PlanError, match="supports 8192"):
+        plan_serving(get_model("deepseek-ai/DeepSeek-OCR"), lookup("A100 80G"), max_tokens=8192)
+
+
+def test_turing_gpu_gets_half_precision_and_tiling_model_no_pixel_kwargs():
+    plan = plan_serving(get_model("deepseek-ai/DeepSeek-OCR"), lookup("T4"))
+    argv = plan.argv()
+    assert _flag(argv, "--dtype") == "half"  # vLLM: bf16 needs compute capability >= 8.0
+    assert "--mm-processor-kwargs" not in argv  # DeepSeek-OCR tiles pages itself
+    assert _flag(argv, "--logits-processors").endswith("deepseek_ocr:NGramPerReqLogitsProcessor")
+    # page: 933 visual + 55 prompt + 7168 output = 8156 <= 8192 context
+    assert plan.value("page_tokens") == 933 + 55 + 7168
+
+
+def test_two_gpus_small_model_runs_replicas():
+    one = plan_serving(get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"))
+    two = plan_serving(get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"), gpus=2)
+    assert two.strategy == "replicas"
+    assert _flag(two.argv(), "--data-parallel-size") == "2"
+    assert two.value("max_num_seqs") == one.value("max_num_seqs")  # per replica
+    assert two.value("parallel.replicas") == 2 * one.value("max_num_seqs")
+    assert "m/(m+n-1) = 2/(2+2-1) = 0.67" in next(s.derivation for s in two.steps if s.key == "parallel.pipeline")
+
+
+def test_two_gpus_large_model_needs_tensor_parallelism():
+    plan = plan_serving(get_model("allenai/olmOCR-2-7B-1025"), lookup("RTX 3060"), gpus=2)
+    # one 3060: 16.58e9 B of weights > 10.8 GiB; split over 2 (28 heads, 4 KV heads divide by 2) it fits
+    assert plan.strategy == "tensor"
+    assert _flag(plan.argv(), "--tensor-parallel-size") == "2"
+    assert plan.value("weights_bytes") == 16_580_000_000 // 2
+    assert plan.value("kv_bytes_per_token") == 2 * 28 * (4 // 2) * 128 * 2
+
+
+def test_overrides_pass_through_and_are_checked():
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"),
+                        overrides={"max_num_seqs": "auto", "enforce_eager": True, "swap_space": 0})
+    argv = plan.argv()
+    assert "--enforce-eager" in argv and _flag(argv, "--swap-space") == "0"
+    with pytest.raises(PlanError, match="below"):
+        plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), overrides={"max_model_len": 4096})
+
+
+def test_renderers():
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
+    assert shlex.split(render_argv(plan)) == plan.argv()
+    data = json.loads(render_json(plan))
+    assert data["vllm_args"]["max_num_seqs"] == 36 and data["argv"] == plan.argv()
+    assert {s["key"] for s in data["steps"]} >= {"weights_bytes", "kv_bytes_per_token", "max_num_seqs"}
+    assert yaml.safe_load(render_yaml(plan)) == data
+    console = Console(record=True, width=250)
+    console.print(render_table(plan))
+    text = console.export_text()
+    assert "KV cache per token" in text and "18.00 KiB" in text and "--max-num-seqs 36" in text
+    assert "[https://" in text  # sources survive Rich markup
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command(name="plan")(plan_cli.plan)
+    app.command(name="models")(plan_cli.models)
+    return app
+
+
+def test_cli_plan_formats_and_errors():
+    runner = CliRunner()
+    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "RTX 3060",
+                                    "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 36
+    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "rtx-4090d",
+                                    "--max-pixels", str(2048 * 2048), "--format", "argv"])
+    assert result.exit_code == 0
+    assert shlex.split(result.stdout)[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
+    assert "--max-num-seqs 9" in result.stdout
+    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "Voodoo 5"])
+    assert result.exit_code == 2 and "unknown GPU" in result.stderr
+    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu-memory", "24", "--gpus", "2",
+                                    "--format", "yaml"])
+    assert result.exit_code == 0 and yaml.safe_load(result.stdout)["strategy"] == "replicas"
+
+
+def test_cli_models_lists_the_registry():
+    result = CliRunner().invoke(_cli(), ["models"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for name in ("tencent/HunyuanOCR", "PaddlePaddle/PaddleOCR-VL", "allenai/olmOCR-2-7B-1025", "96 KiB"):
+        assert name in result.stdout
+
+
+def _vllm_parser():
+    if shutil.which("nvidia-smi") is None:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # let vLLM build its config on a CPU-only machine
+    pytest.importorskip("vllm")
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # vLLM < 0.11.1
+        from vllm.utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # vLLM before the entrypoints reorganisation
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    return make_arg_parser(FlexibleArgumentParser()), validate_parsed_serve_args
+
+
+@pytest.mark.vllm
+def test_planned_argv_parses_with_vllms_own_parser():
+    parser, validate = _vllm_parser()
+    with pytest.raises(SystemExit):  # the parser does reject what it does not know
+        parser.parse_args(["tencent/HunyuanOCR", "--max-num-seqz", "4"])
+    cases = [
+        ("tencent/HunyuanOCR", "RTX 4090D", 1), ("tencent/HunyuanOCR", "RTX 4090D", 2),
+        ("PaddlePaddle/PaddleOCR-VL", "RTX 3060", 1), ("deepseek-ai/DeepSeek-OCR", "T4", 1),
+        ("rednote-hilab/dots.ocr", "L40S", 1), ("allenai/olmOCR-2-7B-1025", "A100 80G", 1),
+        ("allenai/olmOCR-2-7B-1025", "RTX 3060", 2), ("Qwen/Qwen3-VL-8B-Instruct", "H100", 1),
+    ]
+    for model, gpu, count in cases:
+        plan = plan_serving(get_model(model), lookup(gpu), gpus=count)
+        argv = plan.argv()
+        assert argv[:2] == ["vllm", "serve"]
+        args = parser.parse_args(argv[2:])
+        validate(args)
+        assert args.model_tag == model
+        assert args.max_num_seqs == plan.value("max_num_seqs")
+        assert args.max_model_len == plan.value("max_model_len")
+        assert args.max_num_batched_tokens == plan.value("max_num_batched_tokens")
+        assert args.limit_mm_per_prompt == {"image": 1}
+        assert args.scheduling_policy == "priority"
+        assert args.enable_prefix_caching is False and args.mm_processor_cache_gb == 0
+        if plan.model.supports_pixel_budget:
+            assert set(args.mm_processor_kwargs) == {"min_pixels", "max_pixels"}

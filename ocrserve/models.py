@@ -271,7 +271,7 @@ _HUNYUAN_DOC = ("提取文档图片中正文的所有信息用markdown格式表�
 HUNYUAN_OCR = ModelSpec(
     id="tencent/HunyuanOCR",
     architecture="hunyuan_vl",
-    parameters=1_000_000_000,
+    parameters=996_208_112,
     dtype="bfloat16",
     num_layers=24,
     num_attention_heads=16,
@@ -300,8 +300,9 @@ HUNYUAN_OCR = ModelSpec(
     vllm_flags=NO_CACHE_FLAGS,
     min_vllm="0.18.1",
     sources={
-        "parameters": HF + "tencent/HunyuanOCR (model card: 'lightweight 1B parameter design'; "
-                      "config arithmetic: decoder 0.54B incl. tied 120818x1024 embedding + ViT 0.44B)",
+        "parameters": HF + "tencent/HunyuanOCR (model card: 'lightweight 1B parameter design'); exact count: "
+                      "transformers 5.20 HunYuanVLForConditionalGeneration built from config.json on the meta "
+                      "device = 996,208,112 (decoder 539M incl. tied embedding, ViT 457M)",
         "dtype": HF + "tencent/HunyuanOCR/blob/main/config.json (bfloat16; README loads dtype=torch.bfloat16)",
         "num_layers": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.num_hidden_layers=24",
         "num_attention_heads": HF + "tencent/HunyuanOCR/blob/main/config.json text_config.num_attention_heads=16",
@@ -344,7 +345,7 @@ HUNYUAN_OCR = ModelSpec(
 PADDLEOCR_VL = ModelSpec(
     id="PaddlePaddle/PaddleOCR-VL",
     architecture="paddleocr_vl",
-    parameters=900_000_000,
+    parameters=905_601_648,
     dtype="bfloat16",
     num_layers=18,
     num_attention_heads=16,
@@ -367,7 +368,8 @@ PADDLEOCR_VL = ModelSpec(
     min_vllm="0.11.1",
     sources={
         "parameters": HF + "PaddlePaddle/PaddleOCR-VL (model card: 'PaddleOCR-VL-0.9B', NaViT encoder + "
-                      "ERNIE-4.5-0.3B)",
+                      "ERNIE-4.5-0.3B); exact count: transformers 5.20 PaddleOCRVLForConditionalGeneration built "
+                      "from config.json on the meta device = 905,601,648",
         "dtype": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json (torch_dtype bfloat16)",
         "num_layers": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json num_hidden_layers=18",
         "num_attention_heads": HF + "PaddlePaddle/PaddleOCR-VL/blob/main/config.json num_attention_heads=16",
@@ -573,13 +575,15 @@ _QWEN25_SOURCES = {
     "min_pixels": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/preprocessor_config.json min_pixels=3136",
     "max_pixels": HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/preprocessor_config.json max_pixels=12845056",
     "token_formula": VLLM_GH + "vllm/model_executor/models/qwen2_vl.py (grid_t*grid_h*grid_w / merge^2)",
-    "parameters": HF + "Qwen/Qwen2.5-VL-7B-Instruct (safetensors 'Model size 8.29B params')",
+    "parameters": HF + "Qwen/Qwen2.5-VL-7B-Instruct (safetensors 'Model size 8.29B params'); exact count: "
+                  "transformers 5.20 Qwen2_5_VLForConditionalGeneration built from config.json on the meta "
+                  "device = 8,292,166,656",
 }
 
 OLMOCR_2 = ModelSpec(
     id="allenai/olmOCR-2-7B-1025",
     architecture="qwen2_5_vl",
-    parameters=8_290_000_000,
+    parameters=8_292_166_656,
     dtype="bfloat16",
     num_layers=28,
     num_attention_heads=28,
@@ -610,8 +614,9 @@ OLMOCR_2 = ModelSpec(
     min_vllm="0.11.0",
     sources={
         **_QWEN25_SOURCES,
-        "parameters": HF + "allenai/olmOCR-2-7B-1025 (fine-tune of Qwen2.5-VL-7B-Instruct, same weights shape: "
-                      "'Model size 8.29B params' on the base model's page)",
+        "parameters": HF + "allenai/olmOCR-2-7B-1025 (full fine-tune of Qwen2.5-VL-7B-Instruct, same shapes); "
+                      "exact count of that architecture: transformers 5.20 Qwen2_5_VLForConditionalGeneration on "
+                      "the meta device = 8,292,166,656",
         "max_pixels": HF + "allenai/olmOCR-2-7B-1025 (model card: 'a single document image, rendered such that "
                       "the longest dimension is 1288 pixels'); 1288^2 bounds any page so rendered",
         "prompts": "https://github.com/allenai/olmocr/blob/main/olmocr/prompts/prompts.py "
@@ -632,7 +637,7 @@ OLMOCR_2 = ModelSpec(
 QWEN25_VL = ModelSpec(
     id="Qwen/Qwen2.5-VL-7B-Instruct",
     architecture="qwen2_5_vl",
-    parameters=8_290_000_000,
+    parameters=8_292_166_656,
     dtype="bfloat16",
     num_layers=28,
     num_attention_heads=28,
@@ -674,7 +679,7 @@ QWEN25_VL = ModelSpec(
 QWEN3_VL = ModelSpec(
     id="Qwen/Qwen3-VL-8B-Instruct",
     architecture="qwen3_vl",
-    parameters=8_770_000_000,
+    parameters=8_767_123_696,
     dtype="bfloat16",
     num_layers=36,
     num_attention_heads=32,
@@ -696,7 +701,9 @@ QWEN3_VL = ModelSpec(
     vllm_flags=NO_CACHE_FLAGS,
     min_vllm="0.11.0",
     sources={
-        "parameters": HF + "Qwen/Qwen3-VL-8B-Instruct (BF16 shards total 17.53 GB => 8.77B parameters)",
+        "parameters": HF + "Qwen/Qwen3-VL-8B-Instruct (BF16 shards total 17.53 GB => 8.77B); exact count: "
+                      "transformers 5.20 Qwen3VLForConditionalGeneration built from config.json on the meta "
+                      "device = 8,767,123,696",
         "dtype": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.dtype bfloat16",
         "num_layers": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json text_config.num_hidden_layers=36",
         "num_attention_heads": HF + "Qwen/Qwen3-VL-8B-Instruct/blob/main/config.json "

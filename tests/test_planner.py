@@ -44,24 +44,24 @@ def test_hunyuan_on_rtx_4090d_with_a_2048_squared_budget():
     assert plan.value("page_tokens") == 20875
     # usable: 24 GiB * 0.9 = 25,769,803,776 * 0.9 = 23,192,823,398
     assert plan.value("usable_bytes") == 23_192_823_398
-    # weights: 1e9 params * 2 B = 2,000,000,000
-    assert plan.value("weights_bytes") == 2_000_000_000
+    # weights: 996,208,112 params * 2 B = 1,992,416,224
+    assert plan.value("weights_bytes") == 1_992_416_224
     # batched tokens: max(8192, 4354+137=4491 rounded up to 256 = 4608) = 8192
     # decoder activation: 8192 * (4*1024 + 3*3584) * 2 = 8192 * 14848 * 2 = 243,269,632
     assert plan.value("lm_activation_bytes") == 243_269_632
     # encoder activation: 4354 tokens * 2^2 patches * (4*1152 + 3*4304) * 2 = 17416 * 17520 * 2 = 610,256,640
     assert plan.value("encoder_activation_bytes") == 610_256_640
     # encoder cache: max(8192, 4354) * 1024 * 2 = 16,777,216
-    # fixed: 2,000,000,000 + max(243,269,632, 610,256,640) + 16,777,216 + 1,342,177,280 = 3,969,211,136
-    # free:  23,192,823,398 - 3,969,211,136 = 19,223,612,262
+    # fixed: 1,992,416,224 + max(243,269,632, 610,256,640) + 16,777,216 + 1,342,177,280 = 3,961,627,360
+    # free:  23,192,823,398 - 3,961,627,360 = 19,231,196,038
     # KV per token: 2 * 24 layers * 8 kv heads * 128 * 2 B = 98,304; sampler: 120,818 * 8 = 966,544
     # per page: 20875 * 98,304 + 966,544 = 2,052,096,000 + 966,544 = 2,053,062,544
-    # pages: floor(19,223,612,262 / 2,053,062,544) = 9   (10 pages would need 20,530,625,440)
+    # pages: floor(19,231,196,038 / 2,053,062,544) = 9   (10 pages would need 20,530,625,440)
     assert plan.value("kv_bytes_per_token") == 98_304
     assert plan.value("seqs_by_memory") == 9
     assert plan.value("max_num_seqs") == 9
-    # KV tokens: (19,223,612,262 - 9 * 966,544) // 98,304 = 195,462 -> whole 16-token blocks: 195,456
-    assert plan.value("kv_tokens") == 195_456
+    # KV tokens: (19,231,196,038 - 9 * 966,544) // 98,304 = 195,540 -> whole 16-token blocks: 195,536
+    assert plan.value("kv_tokens") == 195_536
     argv = plan.argv()
     assert argv[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
     assert _flag(argv, "--max-num-seqs") == "9"
@@ -81,19 +81,19 @@ def test_olmocr2_on_a100_80g():
     # page: 2116 + 311 + 8000 = 10427
     assert (plan.value("visual_tokens"), plan.value("prompt_tokens"), plan.value("page_tokens")) == (2116, 311, 10427)
     # usable: 80 GiB * 0.9 = 85,899,345,920 * 0.9 = 77,309,411,328
-    # weights: 8.29e9 * 2 = 16,580,000,000
+    # weights: 8,292,166,656 * 2 = 16,584,333,312
     # decoder activation: 8192 * (4*3584 + 3*18944) * 2 = 8192 * 71168 * 2 = 1,166,016,512
     # encoder activation: 2116 * 4 * (4*1280 + 3*3420) * 2 = 8464 * 15380 * 2 = 260,352,640
     # encoder cache: 8192 * 3584 * 2 = 58,720,256
-    # fixed: 16,580,000,000 + 1,166,016,512 + 58,720,256 + 1,342,177,280 = 19,146,914,048
-    # free: 77,309,411,328 - 19,146,914,048 = 58,162,497,280
+    # fixed: 16,584,333,312 + 1,166,016,512 + 58,720,256 + 1,342,177,280 = 19,151,247,360
+    # free: 77,309,411,328 - 19,151,247,360 = 58,158,163,968
     # per page: 10427 * 57,344 + 152,064 * 8 = 597,925,888 + 1,216,512 = 599,142,400
-    # pages: floor(58,162,497,280 / 599,142,400) = 97
+    # pages: floor(58,158,163,968 / 599,142,400) = 97   (97 pages: 58,116,812,800)
     assert plan.value("lm_activation_bytes") == 1_166_016_512
     assert plan.value("encoder_activation_bytes") == 260_352_640
     assert plan.value("max_num_seqs") == 97
-    # KV tokens: (58,162,497,280 - 97 * 1,216,512) // 57,344 = 1,012,215 -> blocks of 16: 1,012,208
-    assert plan.value("kv_tokens") == 1_012_208
+    # KV tokens: (58,158,163,968 - 97 * 1,216,512) // 57,344 = 1,012,139 -> blocks of 16: 1,012,128
+    assert plan.value("kv_tokens") == 1_012_128
     argv = plan.argv()
     assert (_flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("97", "10427")
     assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 3136, "max_pixels": 1_658_944}
@@ -106,17 +106,17 @@ def test_paddleocr_vl_on_rtx_3060_12g():
     # page: 3600 + 41 + 8192 = 11833
     assert plan.value("page_tokens") == 11833
     # usable: 12 GiB * 0.9 = 12,884,901,888 * 0.9 = 11,596,411,699
-    # weights: 0.9e9 * 2 = 1,800,000,000
+    # weights: 905,601,648 * 2 = 1,811,203,296
     # decoder activation: 8192 * (4*1024 + 3*3072) * 2 = 8192 * 13312 * 2 = 218,103,808
     # encoder activation: 3600 * 4 * (4*1152 + 3*4304) * 2 = 14400 * 17520 * 2 = 504,576,000
     # encoder cache: 8192 * 1024 * 2 = 16,777,216
-    # fixed: 1,800,000,000 + 504,576,000 + 16,777,216 + 1,342,177,280 = 3,663,530,496
-    # free: 11,596,411,699 - 3,663,530,496 = 7,932,881,203
+    # fixed: 1,811,203,296 + 504,576,000 + 16,777,216 + 1,342,177,280 = 3,674,733,792
+    # free: 11,596,411,699 - 3,674,733,792 = 7,921,677,907
     # per page: 11833 * 18,432 + 103,424 * 8 = 218,105,856 + 827,392 = 218,933,248
-    # pages: floor(7,932,881,203 / 218,933,248) = 36
+    # pages: floor(7,921,677,907 / 218,933,248) = 36   (36 pages: 7,881,596,928)
     assert plan.value("max_num_seqs") == 36
-    # KV tokens: (7,932,881,203 - 36 * 827,392) // 18,432 = 428,770 -> blocks of 16: 428,768
-    assert plan.value("kv_tokens") == 428_768
+    # KV tokens: (7,921,677,907 - 36 * 827,392) // 18,432 = 428,162 -> blocks of 16: 428,160
+    assert plan.value("kv_tokens") == 428_160
     argv = plan.argv()
     assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "36"
 
@@ -125,20 +125,20 @@ def test_p95_target_caps_max_num_seqs():
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=20)
     # p95 page: 2048 output tokens; mean context 3600 + 41 + 1024 = 4665 tokens
     # a step may stream 20 s / 2048 * (360e9 B/s * 0.8) = 2,812,500,000 B
-    # B <= (2,812,500,000 - 1,800,000,000 weights) / (4665 * 18,432 B) = 1,012,500,000 / 85,985,280 = 11.8
+    # B <= (2,812,500,000 - 1,811,203,296 weights) / (4665 * 18,432 B) = 1,001,296,704 / 85,985,280 = 11.6
     assert plan.value("seqs_by_p95") == 11
     assert plan.value("max_num_seqs") == 11  # min(memory 36, p95 11)
     with pytest.raises(PlanError, match="out of reach"):
-        # one page alone: 2048 * (1.8e9 + 85,985,280) / 288e9 = 13.4 s > 10 s
+        # one page alone: 2048 * (1,811,203,296 + 85,985,280) / 288e9 = 13.5 s > 10 s
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=10)
 
 
 def test_model_too_big_for_the_gpu_says_what_would_fit():
     with pytest.raises(PlanError) as err:
         plan_serving(get_model("Qwen/Qwen3-VL-8B-Instruct"), lookup("RTX 3060"))
-    # 8.77e9 * 2 B = 16.34 GiB of weights > 12 GiB * 0.9 = 10.80 GiB
+    # 8,767,123,696 * 2 B = 16.33 GiB of weights > 12 GiB * 0.9 = 10.80 GiB
     message = str(err.value)
-    assert "does not fit" in message and "weights alone take 16.34 GiB of the 10.80 GiB" in message
+    assert "does not fit" in message and "weights alone take 16.33 GiB of the 10.80 GiB" in message
     assert "a bigger GPU: L40S 48G" in message and "--gpus 4" in message
 
 
@@ -201,7 +201,7 @@ def test_two_gpus_large_model_needs_tensor_parallelism():
     # one 3060: 16.58e9 B of weights > 10.8 GiB; split over 2 (28 heads, 4 KV heads divide by 2) it fits
     assert plan.strategy == "tensor"
     assert _flag(plan.argv(), "--tensor-parallel-size") == "2"
-    assert plan.value("weights_bytes") == 16_580_000_000 // 2
+    assert plan.value("weights_bytes") == 16_584_333_312 // 2
     assert plan.value("kv_bytes_per_token") == 2 * 28 * (4 // 2) * 128 * 2
 
 

@@ -273,8 +273,8 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, need:
         best = None
         while lo <= hi:
             mid = (lo + hi) // 2 // step * step
-            trial = _Budget(budget.min_pixels and min(budget.min_pixels, mid), mid, budget.max_tokens,
-                            model.max_visual_tokens(min(budget.min_pixels or mid, mid), mid), budget.prompt)
+            floor = min(budget.min_pixels or mid, mid)
+            trial = _Budget(floor, mid, budget.max_tokens, model.max_visual_tokens(floor, mid), budget.prompt)
             if _memory(model, gpu, util, trial).seqs(trial.page_tokens) >= need:
                 best, lo = mid, mid + step
             else:

@@ -83,7 +83,8 @@ def plan(
     gpu: Annotated[str, typer.Option(help="GPU name (e.g. 'RTX 4090D', a100-80g) or 'auto' to detect.")] = "auto",
     gpu_memory: Annotated[Optional[float], typer.Option(help="Memory per GPU, GiB (overrides the registry).")] = None,
     gpus: Annotated[Optional[int], typer.Option(help="Number of GPUs (default: 1, or all detected with auto).")] = None,
-    p95: Annotated[Optional[float], typer.Option(help="p95 page-latency target, s: caps --max-num-seqs.")] = None,
+    p95: Annotated[Optional[float], typer.Option(help="p95 page-latency target, s: caps --max-num-seqs (decode speed "
+                                                              "estimated from the GPU's memory bandwidth).")] = None,
     max_pixels: Annotated[Optional[int], typer.Option(help="Pixel budget per page (overrides the profile).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output-token budget per page.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory vLLM may use "

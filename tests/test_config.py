@@ -1,0 +1,70 @@
+"""Profiles, overrides and the CLI's handling of bad configuration."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ocrserve.cli import app
+from ocrserve.config import ConfigError, list_profiles, load_config
+
+runner = CliRunner()
+
+
+def test_local_profile_defaults():
+    cfg = load_config("local", environ={})
+    assert cfg.profile == "local" and cfg.engine.kind == "onnx"
+    assert (cfg.preprocess.factor, cfg.preprocess.max_side, cfg.preprocess.max_pages) == (1, 2000, 200)
+    assert "local" in list_profiles()
+
+
+def test_set_beats_environment_beats_file():
+    env = {"OCRSERVE_SERVER__PORT": "9100", "OCRSERVE_ENGINE__ONNX__MAX_BATCH_SIZE": "8", "HOME": "/x"}
+    cfg = load_config("local", ["server.port=9200", "server.api_keys=[a, b]"], environ=env)
+    assert cfg.server.port == 9200 and cfg.engine.onnx.max_batch_size == 8
+    assert cfg.server.api_keys == ["a", "b"]
+
+
+@pytest.mark.parametrize("overrides, env, message", [
+    (["server.prot=1"], {}, "unknown key 'server.prot'"),
+    (["nonsense=1"], {}, "unknown key 'nonsense'"),
+    ([], {"OCRSERVE_ENGINE__ONNX__BATCH": "4"}, "unknown key 'engine.onnx.batch'"),
+    (["engine.onnx.max_batch_size=0"], {}, "engine.onnx.max_batch_size: Input should be greater than or equal to 1"),
+    (["engine.kind=tpu"], {}, "engine.kind"),
+    (["server.port"], {}, "--set expects key=value"),
+])
+def test_bad_configuration_names_the_key(overrides, env, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config("local", overrides, environ=env)
+
+
+def test_unknown_profile_lists_available():
+    with pytest.raises(ConfigError, match="available: .*local"):
+        load_config("nope", environ={})
+
+
+def test_profile_from_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("server:\n  port: 9300\npreprocess:\n  max_pages: 5\n")
+    cfg = load_config(str(path), environ={})
+    assert (cfg.profile, cfg.server.port, cfg.preprocess.max_pages) == ("mine", 9300, 5)
+
+
+def test_cli_unknown_set_key_is_an_error():
+    result = runner.invoke(app, ["launch", "--set", "server.prot=1"])
+    assert result.exit_code == 2
+    assert "unknown key 'server.prot'" in result.output
+
+
+def test_cli_dry_run_and_profiles():
+    result = runner.invoke(app, ["launch", "--dry-run", "--port", "9400"])
+    assert result.exit_code == 0 and "ocrserve launch --profile local --host 127.0.0.1 --port 9400" in result.output
+    listed = runner.invoke(app, ["profiles"])
+    assert listed.exit_code == 0 and "local" in listed.output and "onnx" in listed.output
+
+
+def test_cli_help_has_examples():
+    for command in ("launch", "ocr", "profiles"):
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0
+    assert "ocrserve ocr scans/" in runner.invoke(app, ["ocr", "--help"]).output

@@ -1,0 +1,71 @@
+"""The embedded ONNX engine, loaded from the models inside the rapidocr wheel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from ocrserve.config import EngineConfig, OnnxEngineConfig, PreprocessConfig
+from ocrserve.engines.base import PageError
+from ocrserve.engines.onnx import OnnxEngine
+from ocrserve.evaluation import bag_f1
+from ocrserve.pages import Page
+from ocrserve.preprocess import decode_pages, inspect_document
+from tests.conftest import DATA, ground_truth
+
+CFG = PreprocessConfig(factor=32, max_side=2000, max_pixels=4_000_000)
+
+
+def load_page(name: str) -> Page:
+    data = (DATA / name).read_bytes()
+    return decode_pages(data, inspect_document(data, CFG), [0], CFG)[0]
+
+
+async def started(**onnx) -> OnnxEngine:
+    eng = OnnxEngine(EngineConfig(onnx=OnnxEngineConfig(**onnx)))
+    await eng.start()
+    return eng
+
+
+@pytest.fixture
+async def engine():
+    eng = await started(det_workers=2)
+    yield eng
+    await eng.close()
+
+
+async def test_ready_after_warm_up_with_declared_slots(engine):
+    assert engine.ready and engine.slots == 4
+    assert engine.describe()["id"] == "rapidocr/PP-OCRv6-small"
+
+
+async def test_concurrent_pages_share_recognition_batches():
+    # phototest has 8 text lines and the TIFF's first page 4: a 12-crop batch fills only with both
+    # pages, and the long max_wait_ms makes the first page's crops wait for the second's.
+    engine = await started(det_workers=2, max_batch_size=12, max_wait_ms=60_000)
+    try:
+        warm = len(engine.batch_sizes)
+        pages = [load_page("phototest.tif"), load_page("testTIFF_multipage.tif")]
+        together = await asyncio.gather(*(engine.ocr_page(p) for p in pages))
+    finally:
+        await engine.close()
+    assert [len(r.lines) for r in together] == [8, 4]
+    assert engine.batch_sizes[warm:] == [12]  # one recognition batch held both pages' crops
+    assert bag_f1(together[0].text, ground_truth("phototest.tif")) > 0.9
+    assert together[1].text == "Multipage\nTIFF\nExample\nPage 1"
+
+
+async def test_blank_page_gives_no_lines(engine):
+    blank = Page(index=3, image=np.full((256, 256, 3), 255, np.uint8), width=512, height=512, visual_tokens=64)
+    result = await engine.ocr_page(blank)
+    assert (result.index, result.width, result.text, result.lines) == (3, 512, "", [])
+
+
+async def test_failing_page_fails_alone(engine):
+    broken = Page(index=0, image=np.zeros((0, 0, 3), np.uint8), width=1, height=1, visual_tokens=0)
+    good = load_page("phototest.tif")
+    outcomes = await engine.ocr_pages([broken, good])
+    assert isinstance(outcomes[0], PageError)
+    assert outcomes[1].text.startswith("This is a lot of 12 point text")

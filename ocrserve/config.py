@@ -74,6 +74,47 @@ class PreprocessConfig(Section):
     workers: int = Field(0, ge=0, description="Decoding processes; 0 = one per core")
 
 
+class LaneConfig(Section):
+    """One lane of the router: a bounded queue with a deadline, a scheduling weight and a priority."""
+
+    queue_pages: int = Field(ge=1, description="Most pages waiting in this lane; beyond it requests get 503/429")
+    timeout_s: float = Field(0.0, ge=0, description="Default deadline of a request, seconds; 0 = none")
+    weight: int = Field(1, ge=1, description="Deficit-round-robin quantum, in cost units (pages or visual tokens)")
+    priority: int = Field(0, description="Sent to vLLM's per-request priority (lower runs first)")
+
+
+class FastLaneConfig(LaneConfig):
+    """The fast lane: small synchronous requests."""
+
+    queue_pages: int = 32
+    timeout_s: float = 60.0
+    weight: int = 4
+    priority: int = 0
+    max_pages: int = Field(4, ge=1, description="Synchronous requests with at most this many pages are fast")
+    max_pixels: int = Field(16_000_000, ge=1, description="...and at most this many normalized pixels in all")
+    reserved_slots: int = Field(1, ge=0, description="Engine slots bulk work may not take while fast work could arrive")
+
+
+class BulkLaneConfig(LaneConfig):
+    """The bulk lane: large synchronous requests and every job."""
+
+    queue_pages: int = 2000
+    timeout_s: float = 0.0
+    weight: int = 1
+    priority: int = 10
+
+
+class RouterConfig(Section):
+    """Lanes and admission (see ``ocrserve.router``)."""
+
+    mode: Literal["lanes", "fifo"] = "lanes"
+    overload_status: Literal[429, 503] = 503
+    cost: Literal["pages", "visual_tokens"] = Field("pages", description="What the lanes' weights count")
+    slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
+    fast: FastLaneConfig = Field(default_factory=FastLaneConfig)
+    bulk: BulkLaneConfig = Field(default_factory=BulkLaneConfig)
+
+
 class Config(Section):
     """A whole profile. See the module docstring for how values are layered."""
 
@@ -82,6 +123,7 @@ class Config(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
 
 
 class ConfigError(ValueError):

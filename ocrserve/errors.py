@@ -111,3 +111,11 @@ class DeadlinePassed(Problem):
     status = 504
     slug = "deadline"
     title = "Deadline passed"
+
+
+class ClientGone(Problem):
+    """499 (nginx's "client closed request"): the client disconnected; nobody reads the answer."""
+
+    status = 499
+    slug = "client-closed-request"
+    title = "Client closed request"

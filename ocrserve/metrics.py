@@ -23,3 +23,25 @@ ENGINE_SECONDS = Histogram(
     "ocrserve_engine_seconds", "Seconds one page spends in the engine.", buckets=LATENCY_BUCKETS
 )
 ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and warmed up.")
+
+# Router (lanes, admission, dispatch)
+QUEUED_PAGES = Gauge("ocrserve_queued_pages", "Pages admitted to a lane and not yet in the engine.", ["lane"])
+QUEUE_DEPTH = Gauge("ocrserve_queue_depth", "Requests admitted to a lane and not yet finished.", ["lane"])
+QUEUE_WAIT_SECONDS = Histogram(
+    "ocrserve_queue_wait_seconds", "Seconds a page waited in its lane for an engine slot.", ["lane"],
+    buckets=(0.001, 0.01, 0.05) + LATENCY_BUCKETS,
+)
+REQUEST_LATENCY_SECONDS = Histogram(
+    "ocrserve_request_latency_seconds", "End-to-end seconds of a synchronous OCR request, by lane.", ["lane"],
+    buckets=LATENCY_BUCKETS,
+)
+SLOTS_IN_USE = Gauge("ocrserve_engine_slots_in_use", "Pages in the engine now.")
+ENGINE_PAGES = Counter("ocrserve_engine_pages", "Pages handed to the engine, by lane.", ["lane"])
+REJECTIONS = Counter(
+    "ocrserve_rejections", "Requests or pages refused or dropped, by lane and reason "
+    "(queue_full, deadline, cancelled, too_large).", ["lane", "reason"],
+)
+BATCH_SIZE = Histogram(
+    "ocrserve_engine_batch_size", "Items per engine batch (recognition crops for the embedded engine).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)

@@ -55,12 +55,19 @@ class DocumentInfo:
     Attributes:
         kind: ``"pdf"`` or ``"image"``.
         page_count: pages (PDF pages, or image frames that are not reduced-resolution copies).
+        sizes: each page's ``(width, height)`` in client pixels (images: as stored, before EXIF
+            orientation; PDFs: at ``pdf_dpi``).
         frames: for images, the frame number of each page (``len(frames) == page_count``).
     """
 
     kind: str
     page_count: int
+    sizes: tuple[tuple[int, int], ...]
     frames: tuple[int, ...] = ()
+
+    def normalized_pixels(self, indices: Sequence[int], cfg: PreprocessConfig) -> int:
+        """Pixels the pages ``indices`` will have after normalization, in all."""
+        return sum(math.prod(target_size(*self.sizes[i], cfg)) for i in indices)
 
 
 @dataclass(frozen=True)
@@ -209,20 +216,44 @@ def inspect_document(source: Source, cfg: PreprocessConfig) -> DocumentInfo:
         raise UnsupportedMedia("the upload is empty", slug="empty")
     if _is_pdf(head):
         pdf = _open_pdf(source)
-        info = DocumentInfo("pdf", len(pdf))
-        pdf.close()
+        try:
+            _check_page_count(len(pdf), cfg)
+            info = DocumentInfo("pdf", len(pdf), tuple(_pdf_page_size(pdf, i, cfg) for i in range(len(pdf))))
+        finally:
+            pdf.close()
     else:
         image = _open_image(source)
         frames = _page_frames(image)
-        info = DocumentInfo("image", len(frames), frames)
-    if info.page_count == 0:
+        _check_page_count(len(frames), cfg)
+        info = DocumentInfo("image", len(frames), tuple(_frame_size(image, f) for f in frames), frames)
+        image.close()
+    return info
+
+
+def _check_page_count(count: int, cfg: PreprocessConfig) -> None:
+    if count == 0:
         raise UnsupportedMedia("the document has no pages", slug="empty")
-    if info.page_count > cfg.max_pages:
+    if count > cfg.max_pages:
         raise PayloadTooLarge(
-            f"the document has {info.page_count} pages; the limit is preprocess.max_pages={cfg.max_pages}",
+            f"the document has {count} pages; the limit is preprocess.max_pages={cfg.max_pages}",
             slug="too-many-pages",
         )
-    return info
+
+
+def _frame_size(image: Image.Image, frame: int) -> tuple[int, int]:
+    image.seek(frame)
+    return image.size
+
+
+def _pdf_page_size(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """A PDF page's ``(width, height)`` in pixels at ``cfg.pdf_dpi``, after ``/Rotate``."""
+    page = pdf[index]
+    try:
+        width_pt, height_pt = page.get_size()  # already swapped for /Rotate 90 and 270
+    finally:
+        page.close()
+    dpi_scale = cfg.pdf_dpi / PDF_POINTS_PER_INCH
+    return max(1, round(width_pt * dpi_scale)), max(1, round(height_pt * dpi_scale))
 
 
 def _check_pixels(width: int, height: int, cfg: PreprocessConfig, index: int) -> None:
@@ -292,11 +323,10 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
 def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> Page:
     """Render one PDF page straight at the scale its pixel budget allows (``/Rotate`` honoured)."""
     started = time.perf_counter()
-    page = pdf[index]
-    width_pt, height_pt = page.get_size()  # already swapped for /Rotate 90 and 270
-    dpi_scale = cfg.pdf_dpi / PDF_POINTS_PER_INCH
-    width, height = max(1, round(width_pt * dpi_scale)), max(1, round(height_pt * dpi_scale))
+    width, height = _pdf_page_size(pdf, index, cfg)
     out_w, out_h = target_size(width, height, cfg)
+    page = pdf[index]
+    width_pt, height_pt = page.get_size()
     scale = max(out_w / width_pt, out_h / height_pt)
     try:
         bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)

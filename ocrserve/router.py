@@ -1,37 +1,332 @@
-"""Scheduling pages into the engine.
+"""Scheduling pages into the engine: lanes, admission control, backpressure, deadlines.
 
-:class:`Router` is the single door to the engine: it admits at most ``engine.slots`` pages at
-once so the engine never queues internally and waiting happens here, where it can be ordered.
+Every page reaches the engine through :class:`Router`. A request is first *admitted* to a lane
+(:meth:`Router.admit`): the ``fast`` lane for small synchronous requests, the ``bulk`` lane for
+everything else. Each lane's queue is bounded in pages; a request that does not fit is refused
+at once with 503 (or 429) and a ``Retry-After`` computed by Little's law from the lane's queue and
+its recent drain rate, so nothing is accepted that cannot be queued.
+
+The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
+by *weighted deficit round robin* (Shreedhar and Varghese, "Efficient fair queueing using deficit
+round robin", SIGCOMM 1995) over the lanes, with cost counted in pages or visual tokens: when both
+lanes wait, the fast lane is served first and gets ``fast.weight`` cost units for every
+``bulk.weight`` the bulk lane gets, so bulk keeps a guaranteed share ``bulk.weight / (sum of
+weights)`` and never starves. ``fast.reserved_slots`` slots are kept out of bulk's reach so an
+interactive page never waits for a bulk page to leave the engine.
+
+A page whose deadline passes while queued gets 504 and is dropped before it reaches the engine;
+so is a page whose request was cancelled (client gone). ``router.mode: fifo`` replaces all of this
+ordering with one first-in-first-out queue, to measure what the lanes buy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
+from ocrserve import metrics
+from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
+from ocrserve.errors import DeadlinePassed, Overloaded
 from ocrserve.pages import Page, PageResult
+
+FAST, BULK = "fast", "bulk"
+#: Seconds of completions the drain rate is measured over.
+DRAIN_WINDOW_S = 60.0
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One page waiting for (or running in) the engine.
+
+    Attributes:
+        cost: scheduling cost: 1 (pages) or the page's visual tokens.
+        deadline: ``time.monotonic()`` instant after which the page is dropped, or None.
+    """
+
+    page: Page
+    reservation: "Reservation"
+    cost: int
+    priority: int
+    deadline: float | None
+    enqueued: float = field(default_factory=time.monotonic)
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    dispatched: bool = False
+
+    @property
+    def lane(self) -> "Lane":
+        """The lane the page was admitted to."""
+        return self.reservation.lane
+
+
+class Lane:
+    """A bounded queue of tickets with its scheduling state and drain-rate history.
+
+    Args:
+        name: ``fast`` or ``bulk``.
+        cfg: the lane's config (``queue_pages``, ``weight``, ``priority``, ``timeout_s``).
+    """
+
+    def __init__(self, name: str, cfg: LaneConfig):
+        self.name = name
+        self.cfg = cfg
+        self.queue: deque[Ticket] = deque()
+        self.reserved = 0  # pages admitted and not yet dispatched or released
+        self.requests = 0  # admitted requests not yet finished
+        self.deficit = 0.0
+        self.in_flight = 0
+        self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
+
+    def record_done(self, now: float) -> None:
+        """Note one page leaving the lane (finished in the engine)."""
+        self._done.append(now)
+        while self._done and self._done[0] < now - DRAIN_WINDOW_S:
+            self._done.popleft()
+
+    def drain_rate(self, now: float) -> float:
+        """Pages per second this lane finished over the last :data:`DRAIN_WINDOW_S` (0 if none)."""
+        while self._done and self._done[0] < now - DRAIN_WINDOW_S:
+            self._done.popleft()
+        if not self._done:
+            return 0.0
+        span = max(now - self._done[0], 1.0)
+        return len(self._done) / span
+
+    def publish(self) -> None:
+        """Export this lane's queue figures to Prometheus."""
+        metrics.QUEUED_PAGES.labels(self.name).set(self.reserved)
+        metrics.QUEUE_DEPTH.labels(self.name).set(self.requests)
+
+
+def retry_after_s(waiting_pages: int, drain_rate: float, fallback_rate: float) -> int:
+    """Seconds until ``waiting_pages`` have drained, by Little's law ``W = L / lambda``.
+
+    ``drain_rate`` is the lane's recent throughput in pages/s; ``fallback_rate`` (the engine's
+    overall rate) stands in when the lane has no recent history. At least 1 s.
+    """
+    rate = drain_rate or fallback_rate
+    if rate <= 0:
+        return max(1, waiting_pages)  # no history at all: assume a page a second
+    return max(1, math.ceil(waiting_pages / rate))
 
 
 class Router:
-    """Admission to the engine's slots.
+    """Admission, lanes and dispatch of pages to one engine.
 
     Args:
-        engine: a started engine; its ``slots`` bound the pages in flight.
+        engine: the engine; its ``slots`` size the dispatcher.
+        cfg: the ``router`` config section.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, cfg: RouterConfig):
         self.engine = engine
-        self._slots = asyncio.Semaphore(engine.slots)
+        self.cfg = cfg
+        self.lanes = {FAST: Lane(FAST, cfg.fast), BULK: Lane(BULK, cfg.bulk)}
+        self._fifo: deque[Ticket] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
+        self._done_all: deque[float] = deque()
 
-    def lane_for(self, page_count: int) -> str:
-        """The lane a synchronous request of ``page_count`` pages runs in."""
-        return "fast"
+    @property
+    def capacity(self) -> int:
+        """Pages in flight in the engine at most."""
+        return max(1, round(self.engine.slots * self.cfg.slot_overcommit))
 
-    async def submit(self, page: Page, *, lane: str, priority: int = 0) -> PageResult:
-        """Run ``page`` through the engine once a slot is free.
+    @property
+    def in_flight(self) -> int:
+        """Pages in the engine now."""
+        return sum(lane.in_flight for lane in self.lanes.values())
+
+    def start(self) -> None:
+        """Start the dispatcher on the running event loop."""
+        self._task = asyncio.create_task(self._dispatch_loop(), name="ocrserve-dispatcher")
+
+    async def close(self) -> None:
+        """Stop dispatching; queued pages are left unanswered (their requests are going away)."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def lane_for(self, page_count: int, pixels: int, priority: str | None = None) -> str:
+        """The lane of a synchronous request: ``fast`` when small (at most ``fast.max_pages``
+        pages and ``fast.max_pixels`` normalized pixels) or asked for (``priority=interactive``)."""
+        if priority == "interactive":
+            return FAST
+        if priority == "bulk":
+            return BULK
+        small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
+        return FAST if small else BULK
+
+    @contextlib.asynccontextmanager
+    async def admit(self, lane_name: str, pages: int) -> AsyncIterator["Reservation"]:
+        """Reserve room for ``pages`` pages in a lane for the duration of a request.
+
+        Yields the reservation to pass to :meth:`submit`; pages never submitted are released
+        on exit.
 
         Raises:
+            Overloaded: the lane's queue cannot take ``pages`` more (503 or 429, ``Retry-After``).
+        """
+        lane = self.lanes[lane_name]
+        if lane.reserved + pages > lane.cfg.queue_pages:
+            self._refuse(lane, pages)
+        reservation = Reservation(lane, pages)
+        lane.requests += 1
+        lane.publish()
+        try:
+            yield reservation
+        finally:
+            reservation.release(reservation.left)
+            lane.requests -= 1
+            lane.publish()
+
+    def _refuse(self, lane: Lane, pages: int) -> None:
+        now = time.monotonic()
+        rate = lane.drain_rate(now)
+        wait = retry_after_s(lane.reserved, rate, self._overall_rate(now))
+        metrics.REJECTIONS.labels(lane.name, "queue_full").inc()
+        problem = Overloaded(
+            f"the {lane.name} lane holds {lane.reserved} of {lane.cfg.queue_pages} pages and cannot take "
+            f"{pages} more; draining at {rate:.2f} pages/s, retry in {wait} s",
+            slug="queue-full", headers={"Retry-After": str(wait)},
+        )
+        problem.status = self.cfg.overload_status
+        raise problem
+
+    def _overall_rate(self, now: float) -> float:
+        return sum(lane.drain_rate(now) for lane in self.lanes.values())
+
+    async def submit(self, page: Page, reservation: "Reservation", deadline: float | None = None) -> PageResult:
+        """Queue one admitted page and wait for its result.
+
+        Args:
+            page: a normalized page.
+            reservation: the request's admission (from :meth:`admit`).
+            deadline: ``time.monotonic()`` instant; None for the lane's default (``timeout_s``).
+
+        Raises:
+            DeadlinePassed: the deadline passed while the page was queued (it never ran).
             PageError: the engine failed on this page.
         """
-        async with self._slots:
-            return await self.engine.ocr_page(page, priority=priority)
+        lane = reservation.lane
+        if deadline is None and lane.cfg.timeout_s:
+            deadline = time.monotonic() + lane.cfg.timeout_s
+        cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
+        ticket = Ticket(page, reservation, cost, lane.cfg.priority, deadline)
+        (self._fifo if self.cfg.mode == "fifo" else lane.queue).append(ticket)
+        self._wake.set()
+        try:
+            return await ticket.future
+        except asyncio.CancelledError:
+            if not ticket.dispatched:
+                self._drop_cancelled(ticket)
+            raise
+
+    def _drop_cancelled(self, ticket: Ticket) -> None:
+        """A queued page whose request went away (deadline or disconnect): it must not run."""
+        expired = ticket.deadline is not None and time.monotonic() >= ticket.deadline - 0.05
+        metrics.REJECTIONS.labels(ticket.lane.name, "deadline" if expired else "cancelled").inc()
+        with contextlib.suppress(ValueError):
+            (self._fifo if self.cfg.mode == "fifo" else ticket.lane.queue).remove(ticket)
+            ticket.reservation.release(1)
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.in_flight < self.capacity and (ticket := self._next()) is not None:
+                self._start(ticket)
+
+    def _next(self) -> Ticket | None:
+        """The next ticket to run, dropping expired ones; None when nothing may run now."""
+        while True:
+            ticket = self._pick()
+            if ticket is None or not self._expired(ticket):
+                return ticket
+
+    def _expired(self, ticket: Ticket) -> bool:
+        if ticket.deadline is not None and time.monotonic() > ticket.deadline:
+            metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
+            ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1} waited past its deadline"))
+            ticket.reservation.release(1)
+            return True
+        return False
+
+    def _pick(self) -> Ticket | None:
+        if self.cfg.mode == "fifo":
+            return self._fifo.popleft() if self._fifo else None
+        candidates = [lane for lane in self.lanes.values() if lane.queue and self._may_run(lane)]
+        for lane in self.lanes.values():
+            if not lane.queue:
+                lane.deficit = 0.0  # DRR: an idle lane keeps no credit
+        if not candidates:
+            return None
+        # Deficit round robin, advanced straight to the first round in which some lane can pay.
+        rounds = min(max(0, math.ceil((l.queue[0].cost - l.deficit) / l.cfg.weight)) for l in candidates)
+        for lane in candidates:
+            lane.deficit += rounds * lane.cfg.weight
+        lane = next(l for l in candidates if l.deficit >= l.queue[0].cost)  # fast first
+        ticket = lane.queue.popleft()
+        lane.deficit -= ticket.cost
+        return ticket
+
+    def _may_run(self, lane: Lane) -> bool:
+        """Bulk may not take the slots reserved for interactive work."""
+        if lane.name == FAST:
+            return True
+        return lane.in_flight < max(1, self.capacity - self.cfg.fast.reserved_slots)
+
+    def _start(self, ticket: Ticket) -> None:
+        lane = ticket.lane
+        ticket.dispatched = True
+        ticket.reservation.release(1)
+        lane.in_flight += 1
+        lane.publish()
+        metrics.SLOTS_IN_USE.set(self.in_flight)
+        metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
+        task = asyncio.create_task(self._run(ticket))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, ticket: Ticket) -> None:
+        lane = ticket.lane
+        metrics.ENGINE_PAGES.labels(lane.name).inc()
+        try:
+            result = await self.engine.ocr_page(ticket.page, priority=ticket.priority)
+        except Exception as exc:  # PageError, or a bug in the engine: this page alone fails
+            if not ticket.future.done():
+                ticket.future.set_exception(exc)
+        else:
+            if not ticket.future.done():
+                ticket.future.set_result(result)
+        finally:
+            lane.in_flight -= 1
+            lane.record_done(time.monotonic())
+            metrics.SLOTS_IN_USE.set(self.in_flight)
+            self._wake.set()
+
+
+class Reservation:
+    """Room a request holds in a lane: pages admitted and not yet dispatched or dropped.
+
+    Args:
+        lane: the lane.
+        pages: pages reserved; added to ``lane.reserved`` now.
+    """
+
+    def __init__(self, lane: Lane, pages: int):
+        self.lane = lane
+        self.left = pages
+        lane.reserved += pages
+
+    def release(self, pages: int) -> None:
+        """Give back ``pages`` of the reservation (dispatched, dropped, or never submitted)."""
+        pages = min(pages, self.left)
+        self.left -= pages
+        self.lane.reserved -= pages

@@ -18,10 +18,10 @@ from pathlib import Path
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import PageError
-from ocrserve.errors import EngineFailed, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, Problem
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import PageFailure, Preprocessor, Source, parse_page_ranges
-from ocrserve.router import Router
+from ocrserve.router import Reservation, Router
 
 #: Uploads above this many bytes reach the decoding processes as a temporary file, not as bytes
 #: pickled once per chunk of pages.
@@ -51,7 +51,7 @@ class OcrService:
     Args:
         config: the profile.
         preprocessor: decodes and normalizes pages.
-        router: admits pages to the engine.
+        router: admits pages to lanes and dispatches them to the engine.
     """
 
     def __init__(self, config: Config, preprocessor: Preprocessor, router: Router):
@@ -59,46 +59,61 @@ class OcrService:
         self.preprocessor = preprocessor
         self.router = router
 
-    async def ocr(self, data: bytes, *, pages: str | None = None, priority: int = 0) -> dict:
+    async def ocr(
+        self, data: bytes, *, pages: str | None = None, priority: str | None = None, deadline: float | None = None
+    ) -> dict:
         """OCR a document synchronously.
 
         Args:
             data: the uploaded file's bytes.
             pages: 1-based page ranges (``"1-3,5"``); all pages when omitted.
-            priority: lower runs first where the engine supports it.
+            priority: ``interactive`` forces the fast lane, ``bulk`` the bulk lane; else by size.
+            deadline: ``time.monotonic()`` instant by which pages must have left the queue.
 
         Returns:
             The result dict (see module docstring).
 
         Raises:
-            Problem: 413/415 from the preprocessor, 400 for bad ``pages``, or every page's failure.
+            Problem: 413/415 from the preprocessor, 400 for bad ``pages``, 503/429 when the lane is
+                full, 504 when the deadline passed while queued, or every page's failure.
         """
         started = time.perf_counter()
         with spooled(data) as source:
             info = await self.preprocessor.inspect(source)
             indices = parse_page_ranges(pages, info.page_count)
-            lane = self.router.lane_for(len(indices))
-            tasks: list[asyncio.Task] = []
-            try:
-                async for chunk in self.preprocessor.pages(source, info, indices):
-                    tasks.extend(asyncio.create_task(self._run_page(p, lane, priority)) for p in chunk)
-                outcomes = await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
+            lane = self.router.lane_for(len(indices), info.normalized_pixels(indices, self.config.preprocess), priority)
+            async with self.router.admit(lane, len(indices)) as reservation:
+                outcomes = await self._run_pages(source, info, indices, reservation, deadline)
         problems = [problem for _, problem in outcomes if problem]
         if len(problems) == len(outcomes):
             raise problems[0]
-        return self._assemble([r for r, _ in outcomes], lane, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        metrics.REQUEST_LATENCY_SECONDS.labels(lane).observe(seconds)
+        return self._assemble([r for r, _ in outcomes], lane, seconds)
 
-    async def _run_page(self, page: Page | PageFailure, lane: str, priority: int) -> tuple[PageResult, Problem | None]:
+    async def _run_pages(self, source, info, indices, reservation: Reservation, deadline) -> list:
+        tasks: list[asyncio.Task] = []
+        try:
+            async for chunk in self.preprocessor.pages(source, info, indices):
+                tasks.extend(asyncio.create_task(self._run_page(p, reservation, deadline)) for p in chunk)
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _run_page(
+        self, page: Page | PageFailure, reservation: Reservation, deadline: float | None
+    ) -> tuple[PageResult, Problem | None]:
         if isinstance(page, PageFailure):
             metrics.PAGES.labels("failed").inc()
+            reservation.release(1)
             return failed_page(page.index, page.problem), page.problem
         metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
         queued = time.perf_counter()
         try:
-            result = await self.router.submit(page, lane=lane, priority=priority)
+            result = await self.router.submit(page, reservation, deadline)
+        except DeadlinePassed as problem:
+            return failed_page(page.index, problem), problem
         except PageError as exc:
             metrics.PAGES.labels("failed").inc()
             problem = EngineFailed(f"page {page.index + 1}: {exc}")

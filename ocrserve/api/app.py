@@ -41,13 +41,15 @@ async def lifespan(app: FastAPI):
     state.preprocessor = Preprocessor(config.preprocess)
     state.engine = create_engine(config)
     state.engine_error = None
-    state.router = Router(state.engine)
+    state.router = Router(state.engine, config.router)
+    state.router.start()
     state.service = OcrService(config, state.preprocessor, state.router)
     warm = asyncio.create_task(_warm_up(app))
     try:
         yield
     finally:
         warm.cancel()
+        await state.router.close()
         metrics.ENGINE_READY.set(0)
         await state.engine.close()
         state.preprocessor.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -12,7 +14,7 @@ from ocrserve.api.auth import require_api_key
 from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.schemas import OcrResult
 from ocrserve.api.schemas import Problem as ProblemSchema
-from ocrserve.errors import BadRequest, DeadlinePassed, EngineUnavailable, UnsupportedMedia
+from ocrserve.errors import BadRequest, ClientGone, DeadlinePassed, EngineUnavailable, UnsupportedMedia
 from ocrserve.formats import FORMATS, MEDIA_TYPES, render_markdown, render_text
 
 #: Largest ``timeout`` a request may ask for, seconds.
@@ -42,6 +44,7 @@ _ocr_body = {
                         "pages": {"type": "string", "example": "1-3,5"},
                         "timeout": {"type": "number", "description": "seconds"},
                         "format": {"type": "string", "enum": list(FORMATS)},
+                        "priority": {"type": "string", "enum": ["interactive", "bulk"]},
                     },
                 }
             },
@@ -97,6 +100,15 @@ def parse_format(raw: str | None) -> str:
     return fmt
 
 
+def parse_priority(raw: str | None) -> str | None:
+    """``priority``: ``interactive`` (fast lane), ``bulk``, or None (lane by size)."""
+    if raw in (None, ""):
+        return None
+    if raw not in ("interactive", "bulk"):
+        raise BadRequest(f"priority={raw!r}: expected interactive or bulk")
+    return raw
+
+
 def render(result: dict, fmt: str) -> Response:
     """The result in ``fmt``."""
     if fmt == "text":
@@ -120,20 +132,48 @@ async def ocr(request: Request) -> Response:
     """OCR one document (image, multi-page TIFF or PDF) and return its text with line boxes.
 
     Send multipart/form-data with a ``file`` field, or the file itself as the body with its
-    image/* or application/pdf type. Optional ``pages`` (``1-3,5``), ``timeout`` (seconds) and
-    ``format`` (``json``, ``text``, ``markdown``) as form fields or query parameters.
+    image/* or application/pdf type. Optional ``pages`` (``1-3,5``), ``timeout`` (seconds),
+    ``format`` (``json``, ``text``, ``markdown``) and ``priority`` (``interactive`` forces the fast
+    lane, ``bulk`` the bulk lane) as form fields or query parameters.
     """
     require_ready(request)
     data, params = await read_upload(request)
     timeout = parse_timeout(params.get("timeout"))
     fmt = parse_format(params.get("format"))
-    service = request.app.state.service
+    priority = parse_priority(params.get("priority"))
+    deadline = time.monotonic() + timeout if timeout else None
+    work = request.app.state.service.ocr(data, pages=params.get("pages"), priority=priority, deadline=deadline)
     try:
         async with asyncio.timeout(timeout):
-            result = await service.ocr(data, pages=params.get("pages"))
+            result = await until_disconnect(request, work)
     except TimeoutError:
         raise DeadlinePassed(f"the document was not done within timeout={timeout:g} s") from None
     return render(result, fmt)
+
+
+async def until_disconnect(request: Request, work: Awaitable[dict]) -> dict:
+    """Await ``work``, cancelling it (and so dropping its queued pages) if the client goes away.
+
+    Raises:
+        ClientGone: the client disconnected first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task in done:
+        return task.result()
+    raise ClientGone("the client disconnected")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @api.get("/v1/models", summary="The engine's model and limits")

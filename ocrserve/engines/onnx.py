@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_rec import TextRecInput
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
+from ocrserve import metrics
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
 from ocrserve.pages import Line, Page, PageResult
@@ -62,7 +64,7 @@ class RecBatcher:
         self._queue: asyncio.Queue[tuple[list[np.ndarray], asyncio.Future]] = asyncio.Queue()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
         self._task: asyncio.Task | None = None
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # recent batches, for tests and debugging
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
@@ -94,6 +96,7 @@ class RecBatcher:
                 continue
             crops = [crop for c, _ in items for crop in c]
             self.batch_sizes.append(len(crops))
+            metrics.BATCH_SIZE.observe(len(crops))
             try:
                 results = await loop.run_in_executor(self._thread, self._recognize, crops)
             except Exception:  # one page's crop broke the batch: recognize each page alone
@@ -182,8 +185,8 @@ class OnnxEngine(Engine):
 
     @property
     def batch_sizes(self) -> list[int]:
-        """Crops per recognition batch so far (for metrics and tests)."""
-        return self._batcher.batch_sizes if self._batcher else []
+        """Crops per recognition batch, the last 1024 batches."""
+        return list(self._batcher.batch_sizes) if self._batcher else []
 
     def _detect(self, image_rgb: np.ndarray) -> Detection:
         started = time.perf_counter()

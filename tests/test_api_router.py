@@ -1,0 +1,107 @@
+"""Lanes seen from HTTP: lane choice, 503 + Retry-After, 504 before the engine, disconnects."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests import samples
+from tests.conftest import DATA, Gateway
+from tests.test_api import assert_problem
+
+
+def metric(http: httpx.Client, name: str, **labels) -> float:
+    """One sample's value from /metrics (0 when absent)."""
+    selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = rf"^{name}{{{selector}}} (\S+)$" if labels else rf"^{name} (\S+)$"
+    found = re.search(pattern, http.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def six_page_tiff() -> bytes:
+    page = samples.phototest()
+    return samples.encode(page, "TIFF", save_all=True, append_images=[page.transpose(Image.Transpose.FLIP_LEFT_RIGHT)] * 5)
+
+
+@pytest.fixture(scope="module")
+def gw():
+    # one engine slot; a fast lane that holds 2 pages, a bulk lane of 8
+    gateway = Gateway("router.slot_overcommit=0.5", "router.fast.queue_pages=2", "router.bulk.queue_pages=8").wait_ready()
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def http(gw):
+    with httpx.Client(base_url=gw.url, timeout=120) as client:
+        yield client
+
+
+def background_post(url: str, data: bytes, **form) -> threading.Thread:
+    def post():
+        httpx.post(url + "/v1/ocr", files={"file": ("d", data)}, data=form, timeout=120)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+def wait_metric(http, name, at_least, timeout=60, **labels):
+    deadline = time.monotonic() + timeout
+    while metric(http, name, **labels) < at_least:
+        assert time.monotonic() < deadline, f"{name}{labels} stayed below {at_least}"
+        time.sleep(0.05)
+
+
+def test_small_request_fast_lane_large_bulk(http):
+    tif = (DATA / "phototest.tif").read_bytes()
+    assert http.post("/v1/ocr", files={"file": ("a", tif)}).json()["lane"] == "fast"
+    assert http.post("/v1/ocr", files={"file": ("a", tif)}, data={"priority": "bulk"}).json()["lane"] == "bulk"
+
+
+def test_full_lane_503_with_computed_retry_after_then_recovers(gw, http):
+    busy = background_post(gw.url, six_page_tiff())  # occupies the only slot for a while
+    wait_metric(http, "ocrserve_engine_slots_in_use", 1)
+    tif = (DATA / "phototest.tif").read_bytes()
+    fillers = [background_post(gw.url, tif, priority="interactive") for _ in range(2)]
+    wait_metric(http, "ocrserve_queued_pages", 2, lane="fast")
+    refused = http.post("/v1/ocr", files={"file": ("a", tif)})
+    body = assert_problem(refused, 503, r"fast lane holds 2 of 2 pages")
+    rate = float(re.search(r"draining at ([\d.]+) pages/s", body["detail"]).group(1))
+    expected = max(1, -(-2 // rate)) if rate else 2  # ceil(L / lambda), or a page a second with no history
+    assert int(refused.headers["retry-after"]) == int(expected)
+    for thread in [busy, *fillers]:
+        thread.join()
+    assert http.post("/v1/ocr", files={"file": ("a", tif)}).status_code == 200
+
+
+def test_deadline_passed_while_queued_is_504_and_skips_engine(gw, http):
+    busy = background_post(gw.url, six_page_tiff())
+    wait_metric(http, "ocrserve_engine_slots_in_use", 1)
+    engine_fast = metric(http, "ocrserve_engine_pages_total", lane="fast")
+    drops = metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline")
+    refused = http.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "0.3"})
+    assert_problem(refused, 504, "timeout=0.3")
+    busy.join()
+    assert metric(http, "ocrserve_engine_pages_total", lane="fast") == engine_fast
+    assert metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline") == drops + 1
+
+
+def test_client_disconnect_drops_queued_pages(gw, http):
+    engine_bulk = metric(http, "ocrserve_engine_pages_total", lane="bulk")
+    cancelled = metric(http, "ocrserve_rejections_total", lane="bulk", reason="cancelled")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(gw.url + "/v1/ocr", files={"file": ("d", six_page_tiff())}, timeout=httpx.Timeout(60, read=2.0))
+    wait_metric(http, "ocrserve_rejections_total", cancelled + 1, lane="bulk", reason="cancelled")
+    deadline = time.monotonic() + 60
+    while metric(http, "ocrserve_engine_slots_in_use") > 0:  # let the page that was running finish
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ran = metric(http, "ocrserve_engine_pages_total", lane="bulk") - engine_bulk
+    dropped = metric(http, "ocrserve_rejections_total", lane="bulk", reason="cancelled") - cancelled
+    assert ran + dropped == 6 and dropped >= 1

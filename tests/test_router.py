@@ -1,0 +1,189 @@
+"""The router against the real embedded engine: lanes, DRR share, backpressure, deadlines, FIFO."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from ocrserve import metrics
+from ocrserve.config import EngineConfig, OnnxEngineConfig, RouterConfig
+from ocrserve.engines.base import PageError
+from ocrserve.engines.onnx import OnnxEngine
+from ocrserve.errors import DeadlinePassed, Overloaded
+from ocrserve.pages import Page
+from ocrserve.router import BULK, FAST, Router, retry_after_s
+from tests.samples import phototest
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def blank(index: int = 0) -> Page:
+    """A small white page: the detector finds nothing, so it runs in milliseconds."""
+    return Page(index=index, image=np.full((64, 64, 3), 255, np.uint8), width=64, height=64, visual_tokens=4)
+
+
+def text_page(index: int = 0) -> Page:
+    image = np.asarray(phototest())
+    return Page(index=index, image=image, width=640, height=480, visual_tokens=300)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine():
+    eng = OnnxEngine(EngineConfig(onnx=OnnxEngineConfig(det_workers=1)))
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def make_router(engine):
+    routers = []
+
+    def make(**overrides) -> Router:
+        # capacity 1 (2 slots x 0.5): dispatch order equals completion order
+        cfg = RouterConfig.model_validate({"slot_overcommit": 0.5, **overrides})
+        router = Router(engine, cfg)
+        router.start()
+        routers.append(router)
+        return router
+
+    yield make
+    for router in routers:
+        await router.close()
+
+
+async def run_tagged(router: Router, lane: str, tag: str, page: Page, done: list[str]):
+    async with router.admit(lane, 1) as reservation:
+        await router.submit(page, reservation)
+    done.append(tag)
+
+
+async def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_lane_choice(engine):
+    router = Router(engine, RouterConfig())
+    assert router.lane_for(1, 2_000_000) == FAST
+    assert router.lane_for(5, 2_000_000) == BULK  # more than fast.max_pages = 4
+    assert router.lane_for(2, 20_000_000) == BULK  # more than fast.max_pixels = 16 Mpx
+    assert router.lane_for(40, 10**9, "interactive") == FAST
+    assert router.lane_for(1, 10, "bulk") == BULK
+
+
+async def test_fast_overtakes_queued_bulk(make_router):
+    router = make_router()
+    done: list[str] = []
+    bulk = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), done)) for i in range(4)]
+    await wait_until(lambda: router.in_flight == 1)  # b0 is in the engine, b1..b3 queue
+    fast = [asyncio.create_task(run_tagged(router, FAST, f"f{i}", blank(i), done)) for i in range(2)]
+    await asyncio.gather(*bulk, *fast)
+    assert done == ["b0", "f0", "f1", "b1", "b2", "b3"]
+
+
+async def test_bulk_keeps_its_minimum_share(make_router):
+    router = make_router()  # weights fast 4 : bulk 1 -> bulk gets 1 of every 5 pages under contention
+    done: list[str] = []
+    tasks = [asyncio.create_task(run_tagged(router, FAST, f"f{i}", blank(i), done)) for i in range(12)]
+    tasks += [asyncio.create_task(run_tagged(router, BULK, f"b{i}", blank(i), done)) for i in range(6)]
+    await asyncio.gather(*tasks)
+    lanes = "".join(tag[0] for tag in done)
+    assert lanes == "ffffbffffbffffbbbb"
+
+
+async def test_fifo_mode_keeps_arrival_order(make_router):
+    router = make_router(mode="fifo")
+    done: list[str] = []
+    bulk = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), done)) for i in range(3)]
+    await wait_until(lambda: router.in_flight == 1)
+    fast = [asyncio.create_task(run_tagged(router, FAST, f"f{i}", blank(i), done)) for i in range(2)]
+    await asyncio.gather(*bulk, *fast)
+    assert done == ["b0", "b1", "b2", "f0", "f1"]
+
+
+async def test_full_lane_refused_with_littles_law_retry_after(make_router):
+    router = make_router(fast={"queue_pages": 3})
+    for i in range(6):  # give the lane a drain history
+        async with router.admit(FAST, 1) as reservation:
+            await router.submit(blank(i), reservation)
+    async with router.admit(FAST, 3):
+        before = metrics.REJECTIONS.labels(FAST, "queue_full")._value.get()
+        with pytest.raises(Overloaded) as refused:
+            async with router.admit(FAST, 1):
+                pass
+        lane = router.lanes[FAST]
+        rate = lane.drain_rate(time.monotonic())
+    problem = refused.value
+    assert problem.status == 503 and problem.slug == "queue-full"
+    assert rate > 0 and int(problem.headers["Retry-After"]) == max(1, math.ceil(3 / rate))
+    assert metrics.REJECTIONS.labels(FAST, "queue_full")._value.get() == before + 1
+    assert router.lanes[FAST].reserved == 0  # the reservation was returned
+
+
+async def test_overload_status_configurable(make_router):
+    router = make_router(overload_status=429, bulk={"queue_pages": 2})
+    with pytest.raises(Overloaded) as refused:
+        async with router.admit(BULK, 3):
+            pass
+    assert refused.value.status == 429
+
+
+async def test_retry_after_by_littles_law():
+    assert retry_after_s(30, 2.0, 5.0) == 15  # L = 30 pages, lambda = 2 pages/s -> W = 15 s
+    assert retry_after_s(30, 0.0, 5.0) == 6  # no lane history: the engine's overall rate
+    assert retry_after_s(1, 50.0, 0.0) == 1  # never below a second
+
+
+async def test_deadline_passed_while_queued_never_reaches_engine(make_router):
+    router = make_router()
+    engine_pages = metrics.ENGINE_PAGES.labels(FAST)._value.get()
+    deadline_drops = metrics.REJECTIONS.labels(FAST, "deadline")._value.get()
+    async with router.admit(BULK, 1) as busy:
+        slow = asyncio.create_task(router.submit(text_page(), busy))
+        await wait_until(lambda: router.in_flight == 1)
+        async with router.admit(FAST, 1) as reservation:
+            with pytest.raises(DeadlinePassed):
+                await router.submit(blank(), reservation, deadline=time.monotonic() + 0.05)
+        await slow
+    assert metrics.ENGINE_PAGES.labels(FAST)._value.get() == engine_pages
+    assert metrics.REJECTIONS.labels(FAST, "deadline")._value.get() == deadline_drops + 1
+
+
+async def test_cancelled_request_drops_its_queued_pages(make_router):
+    router = make_router()
+    engine_pages = metrics.ENGINE_PAGES.labels(BULK)._value.get()
+    cancelled = metrics.REJECTIONS.labels(BULK, "cancelled")._value.get()
+
+    async def document():
+        async with router.admit(BULK, 4) as reservation:
+            await asyncio.gather(*(router.submit(text_page(i), reservation) for i in range(4)))
+
+    request = asyncio.create_task(document())
+    await wait_until(lambda: router.in_flight == 1)
+    request.cancel()  # what a client disconnect does to its request
+    await asyncio.gather(request, return_exceptions=True)
+    await wait_until(lambda: router.in_flight == 0)
+    assert metrics.ENGINE_PAGES.labels(BULK)._value.get() == engine_pages + 1  # only the page already running
+    assert metrics.REJECTIONS.labels(BULK, "cancelled")._value.get() == cancelled + 3
+    assert router.lanes[BULK].reserved == 0 and not router.lanes[BULK].queue
+
+
+async def test_failing_page_fails_alone(make_router):
+    router = make_router(slot_overcommit=1.0)
+    broken = Page(index=1, image=np.zeros((0, 0, 3), np.uint8), width=1, height=1, visual_tokens=0)
+    async with router.admit(FAST, 3) as reservation:
+        outcomes = await asyncio.gather(
+            router.submit(text_page(0), reservation), router.submit(broken, reservation),
+            router.submit(blank(2), reservation), return_exceptions=True,
+        )
+    assert outcomes[0].text.startswith("This is a lot of 12 point text")
+    assert isinstance(outcomes[1], PageError)
+    assert outcomes[2].index == 2 and outcomes[2].text == ""

@@ -10,9 +10,10 @@ ONNX run pads little. No model is downloaded: rapidocr's defaults point at the m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -43,6 +44,38 @@ class Detection:
     boxes: np.ndarray
     crops: list[np.ndarray]
     det_s: float
+
+
+class PriorityGate:
+    """Stage-level priority inside the engine.
+
+    Pages register with their priority (lower is more urgent) while they are in the engine;
+    before each stage (detection, recognition) a page waits until no more urgent page is in the
+    engine. A stage already running is never interrupted, so an urgent page waits at most for
+    one stage of one less urgent page, then runs with the CPU to itself.
+    """
+
+    def __init__(self) -> None:
+        self._active: Counter[int] = Counter()
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def entered(self, priority: int):
+        """Register a page of ``priority`` for the duration of the block."""
+        self._active[priority] += 1
+        try:
+            yield
+        finally:
+            self._active[priority] -= 1
+            if not self._active[priority]:
+                del self._active[priority]
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def turn(self, priority: int) -> None:
+        """Wait until no page more urgent than ``priority`` is in the engine."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: min(self._active, default=priority) >= priority)
 
 
 class RecBatcher:
@@ -158,6 +191,7 @@ class OnnxEngine(Engine):
         self._ocr: RapidOCR | None = None
         self._det_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-det")
         self._batcher: RecBatcher | None = None
+        self._gate = PriorityGate()
 
     @property
     def slots(self) -> int:
@@ -209,15 +243,13 @@ class OnnxEngine(Engine):
         return list(zip(out.txts, (float(s) for s in out.scores)))
 
     async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
-        """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`."""
-        loop = asyncio.get_running_loop()
-        try:
-            detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
-        except Exception as exc:
-            raise PageError(f"text detection failed: {exc}") from exc
-        started = time.perf_counter()
-        recognized = await self._batcher.submit(detection.crops) if detection.crops else []
-        rec_s = time.perf_counter() - started
+        """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`.
+
+        ``priority`` orders stages: a page's detection and recognition wait while a more urgent
+        page (lower value) is in the engine (:class:`PriorityGate`).
+        """
+        async with self._gate.entered(priority):
+            detection, rec_s, recognized = await self._run_stages(page, priority)
         sx, sy = page.scale
         lines = [
             Line(text=text, box=(box * (sx, sy)).round(1).tolist(), score=round(score, 4))
@@ -229,6 +261,18 @@ class OnnxEngine(Engine):
             text="\n".join(line.text for line in lines), lines=lines,
             timings={"det_s": round(detection.det_s, 4), "rec_s": round(rec_s, 4)},
         )
+
+    async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
+        loop = asyncio.get_running_loop()
+        await self._gate.turn(priority)
+        try:
+            detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
+        except Exception as exc:
+            raise PageError(f"text detection failed: {exc}") from exc
+        await self._gate.turn(priority)
+        started = time.perf_counter()
+        recognized = await self._batcher.submit(detection.crops) if detection.crops else []
+        return detection, time.perf_counter() - started, recognized
 
 
 def _vertical_padding(ocr: RapidOCR, img: np.ndarray, op_record: dict):

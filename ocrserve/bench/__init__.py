@@ -1,0 +1,1 @@
+"""Benchmark harness: gateways as subprocesses, load generators and latency statistics."""

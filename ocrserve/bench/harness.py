@@ -1,0 +1,86 @@
+"""Start a gateway as a subprocess and summarize latencies; shared by benchmarks and tests."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by the nearest-rank method; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+class LocalGateway:
+    """``python -m ocrserve launch`` in its own process group on a free loopback port.
+
+    Args:
+        overrides: ``key=value`` strings passed as ``--set``.
+        profile: the profile to launch.
+        env: extra environment variables.
+        log: where the gateway's output goes (default: discarded; None: this process's own).
+    """
+
+    def __init__(self, *overrides: str, profile: str = "local", env: dict | None = None, log=subprocess.DEVNULL):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "ocrserve", "launch", "--profile", profile, "--port", str(self.port)]
+        for item in overrides:
+            args += ["--set", item]
+        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=log, stderr=log,
+                                     env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout: float = 180.0) -> "LocalGateway":
+        """Block until ``/readyz`` answers 200.
+
+        Raises:
+            RuntimeError: the process exited, or ``timeout`` seconds passed.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("gateway not ready in time")
+
+    def stop(self) -> None:
+        """SIGTERM the process group, then SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def __enter__(self) -> "LocalGateway":
+        return self.wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

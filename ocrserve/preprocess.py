@@ -421,5 +421,5 @@ class Preprocessor:
         await asyncio.gather(*(loop.run_in_executor(self._pool, _pool_init) for _ in range(self.workers)))
 
     def close(self) -> None:
-        """Stop the worker processes."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker processes (queued work is cancelled; waits for them to exit)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,12 +49,41 @@ class OnnxEngineConfig(Section):
     text_score: float = Field(0.5, ge=0, le=1, description="Lines scored below are dropped")
 
 
+Auto = Literal["auto"]
+"""A value the planner fills in (``ocrserve plan`` / the launcher)."""
+Count = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class VllmClientConfig(Section):
+    """How the gateway's ``vllm`` engine reaches vLLM (or any server speaking OpenAI chat completions
+    with images, such as ``ocrserve engine serve``)."""
+
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description="Server roots of the replicas (http://host:port; a trailing /v1 is accepted). Empty: "
+                    "`ocrserve launch` starts vLLM itself and points the engine at it",
+    )
+    api_key: str = Field("", description="Bearer key the replicas expect (vLLM --api-key); empty = none")
+    task: Literal["text", "markdown", "table"] = Field("text", description="Which of the model's prompts to send")
+    image_format: Literal["png", "jpeg"] = Field("png", description="How pages travel: lossless PNG or JPEG")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality when image_format is jpeg")
+    timeout_s: float = Field(600.0, gt=0, description="Longest wait for one page's completion, seconds")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Longest wait to connect to a replica, seconds")
+    max_retries: int = Field(2, ge=0, description="Retries on connection errors and 503 (never on 4xx)")
+    poll_interval_s: float = Field(2.0, gt=0, description="Seconds between /health + /metrics polls of a replica")
+    slots_per_replica: Count | Auto = Field(
+        "auto", description="Pages one replica works on at once; auto = vllm.max_num_seqs (planned by the launcher)"
+    )
+
+
 class EngineConfig(Section):
     """Which OCR engine runs behind the gateway."""
 
     kind: Literal["onnx", "vllm", "transformers"] = "onnx"
     model: str = "rapidocr/PP-OCRv6-small"
     onnx: OnnxEngineConfig = Field(default_factory=OnnxEngineConfig)
+    vllm: VllmClientConfig = Field(default_factory=VllmClientConfig)
 
 
 class PreprocessConfig(Section):
@@ -115,6 +144,39 @@ class RouterConfig(Section):
     bulk: BulkLaneConfig = Field(default_factory=BulkLaneConfig)
 
 
+class VllmConfig(Section):
+    """``vllm serve``: its engine arguments and how ``ocrserve launch`` runs it.
+
+    Engine arguments keep vLLM's spelling (``max_num_seqs`` is ``--max-num-seqs``); ``auto`` means
+    the planner (``ocrserve.planner``) computes the value. The launcher's own settings are marked
+    ``exclude``: dumping this section (``model_dump()``) gives the engine arguments alone, which is
+    what ``ocrserve plan --profile`` forwards to the planner.
+    """
+
+    host: str = Field("127.0.0.1", description="vLLM's bind address (--host)")
+    port: int = Field(8001, ge=1, le=65535, description="vLLM's port (--port)")
+    gpu_memory_utilization: Fraction | Auto = Field("auto", description="Fraction of each GPU vLLM may use; auto = 0.90")
+    max_num_seqs: Count | Auto = Field("auto", description="Pages decoding at once per replica")
+    max_num_batched_tokens: Count | Auto = Field("auto", description="Tokens per scheduler step")
+    max_model_len: Count | Auto = Field("auto", description="Longest sequence: one page's visual + prompt + output")
+    scheduling_policy: Literal["priority", "fcfs"] | Auto = Field(
+        "auto", description="auto = priority (lanes pass their priority on); fcfs ignores it"
+    )
+    dtype: str = Field("auto", description="Model dtype; auto = checkpoint's, half on GPUs without bf16")
+
+    executable: str = Field("vllm", exclude=True, description="The vllm executable (a path or a name on PATH)")
+    extra_args: list[str] = Field(default_factory=list, exclude=True, description="Appended to the planned argv")
+    gpu: str = Field("auto", exclude=True, description="GPU to plan for: a registry name or auto (NVML/nvidia-smi)")
+    gpu_memory_gib: float | None = Field(None, gt=0, exclude=True, description="Memory per GPU, GiB (overrides)")
+    gpus: Count | Auto = Field("auto", exclude=True, description="GPUs to use; auto = all detected (1 with a named GPU)")
+    health_timeout_s: float = Field(
+        1800.0, gt=0, exclude=True, description="How long vLLM may take to answer /health (download + load), s"
+    )
+    restart_backoff_s: float = Field(2.0, gt=0, exclude=True, description="First wait before restarting vLLM, s")
+    restart_backoff_max_s: float = Field(60.0, gt=0, exclude=True, description="Cap of the doubling restart wait, s")
+    stop_timeout_s: float = Field(30.0, gt=0, exclude=True, description="SIGTERM-to-SIGKILL grace at shutdown, s")
+
+
 class Config(Section):
     """A whole profile. See the module docstring for how values are layered."""
 
@@ -124,6 +186,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 class ConfigError(ValueError):

@@ -45,3 +45,22 @@ BATCH_SIZE = Histogram(
     "ocrserve_engine_batch_size", "Items per engine batch (recognition crops for the embedded engine).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+
+# vLLM replicas behind the vllm engine (polled from each replica's /metrics and /health)
+VLLM_REPLICA_UP = Gauge("ocrserve_vllm_replica_up", "1 while the replica answers /health and serves the model.",
+                        ["replica"])
+VLLM_REQUESTS_WAITING = Gauge(
+    "ocrserve_vllm_requests_waiting", "vllm:num_requests_waiting of the replica at the last poll.", ["replica"]
+)
+VLLM_REQUESTS_RUNNING = Gauge(
+    "ocrserve_vllm_requests_running", "vllm:num_requests_running of the replica at the last poll.", ["replica"]
+)
+VLLM_KV_CACHE_USAGE = Gauge(
+    "ocrserve_vllm_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc of the replica at the last poll (0-1).",
+    ["replica"],
+)
+VLLM_REQUESTS = Counter(
+    "ocrserve_vllm_requests", "Chat-completion requests sent to a replica, by outcome (ok; unavailable: connection "
+    "error or 503, retried elsewhere; timeout; error: any other status).",
+    ["replica", "outcome"],
+)

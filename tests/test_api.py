@@ -125,11 +125,13 @@ def test_deadline_passed_is_504(http):
 
 def test_metrics_count_requests(http):
     post_file(http, (DATA / "phototest.tif").read_bytes())
+    post_file(http, samples.png_header_only(40000, 40000))
     text = http.get("/metrics").text
     assert re.search(r'ocrserve_http_requests_total\{route="/v1/ocr",status="200"\} [1-9]', text)
     assert "ocrserve_http_request_duration_seconds_bucket" in text
     assert re.search(r'ocrserve_pages_total\{outcome="ok"\} [1-9]', text)
     assert "ocrserve_engine_ready 1.0" in text
+    assert re.search(r'ocrserve_rejections_total\{lane="none",reason="too_large"\} [1-9]', text)
 
 
 def test_upload_limit_and_api_keys():

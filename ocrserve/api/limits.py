@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ocrserve.api.problems import count_too_large
 from ocrserve.errors import PayloadTooLarge
 
 
@@ -58,6 +59,7 @@ class BodyLimitMiddleware:
                 await self._refuse(send)
 
     async def _refuse(self, send) -> None:
+        count_too_large()
         problem = self._problem()
         body = json.dumps(problem.to_dict()).encode()
         await send({

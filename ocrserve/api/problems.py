@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ocrserve import metrics
 from ocrserve.errors import PROBLEM_BASE, Problem
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,14 @@ def _generic(status: int, title: str, detail: str, slug: str, headers: dict | No
 
 
 async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
+    if exc.status == 413:
+        count_too_large()
     return problem_response(exc)
+
+
+def count_too_large() -> None:
+    """Count a 413 refusal; it happens before a lane is chosen, hence lane ``none``."""
+    metrics.REJECTIONS.labels("none", "too_large").inc()
 
 
 async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

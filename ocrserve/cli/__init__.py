@@ -19,13 +19,14 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from ocrserve.cli import launch, ocr, plan, profiles
+    from ocrserve.cli import engine, launch, ocr, plan, profiles
 
     app.command(name="launch")(launch.launch)
     app.command(name="ocr")(ocr.ocr)
     app.command(name="plan")(plan.plan)
     app.command(name="models")(plan.models)
     app.command(name="profiles")(profiles.profiles)
+    app.add_typer(engine.app, name="engine")
 
 
 _register()

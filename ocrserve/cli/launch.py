@@ -1,24 +1,45 @@
-"""``ocrserve launch``: start the gateway (and, for prod, the engine it plans)."""
+"""``ocrserve launch``: start the gateway (and, for the vLLM engine, the ``vllm serve`` it plans)."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from ocrserve.cli.common import load_or_exit
-from ocrserve.launcher import gateway_command, run_gateway
+from ocrserve.cli.common import err_console, load_or_exit
+from ocrserve.config import Config
+from ocrserve.gpus import GpuError
+from ocrserve.launcher import (
+    VllmStartError,
+    gateway_command,
+    gateway_config,
+    manages_vllm,
+    plan_for,
+    run_gateway,
+    run_with_vllm,
+    vllm_command,
+)
+from ocrserve.models import ModelError
+from ocrserve.planner import PlanError, render_table
 
 
 def launch(
-    profile: Annotated[str, typer.Option(help="Profile name in configs/ (local, debug, prod, ...) or a YAML path.")] = "local",
+    profile: Annotated[str, typer.Option(help="Profile name in configs/ (local, prod, gpu-24g, ...) or a YAML path.")]
+    = "local",
     host: Annotated[Optional[str], typer.Option(help="Bind address (server.host).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (server.port).")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="Override any key: --set engine.onnx.det_workers=2")] = [],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would start, then exit 0.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and command lines, then exit 0.")]
+    = False,
 ) -> None:
-    """Start the OCR gateway for a profile.
+    """Start the OCR gateway for a profile; for prod, plan and start vLLM first.
+
+    With the vLLM engine (prod, gpu-24g, gpu-12g) the launcher plans `vllm serve` for the GPU,
+    prints the plan and both command lines, starts vLLM, waits for its /health, then starts the
+    gateway; it restarts vLLM if it dies, and Ctrl-C drains requests and stops both. With
+    engine.vllm.base_urls set it starts only the gateway, in front of those servers.
 
     Examples:
 
@@ -28,7 +49,11 @@ def launch(
 
         OCRSERVE_SERVER__MAX_UPLOAD_MB=100 ocrserve launch --profile local
 
-        ocrserve launch --profile prod --dry-run     # print the planned vLLM command
+        ocrserve launch --profile prod               # vLLM + gateway on this machine's GPU
+
+        ocrserve launch --profile prod --dry-run --set vllm.gpu="RTX 4090D"   # plan and commands only
+
+        ocrserve launch --profile prod --set engine.vllm.base_urls=[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
     overrides = list(set_)
     if host is not None:
@@ -36,10 +61,30 @@ def launch(
     if port is not None:
         overrides.append(f"server.port={port}")
     config = load_or_exit(profile, overrides)
-    console = Console()
-    console.print(f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
-                  f"({config.engine.model}) on http://{config.server.host}:{config.server.port}")
-    if dry_run:
-        console.print("gateway: " + " ".join(gateway_command(config)))
+    Console().print(f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
+                    f"({config.engine.model}) on http://{config.server.host}:{config.server.port}")
+    if manages_vllm(config):
+        _launch_with_vllm(config, dry_run)
         return
-    run_gateway(config)
+    typer.echo("gateway: " + shlex.join(gateway_command(config)))
+    if not dry_run:
+        run_gateway(config)
+
+
+def _launch_with_vllm(config: Config, dry_run: bool) -> None:
+    try:
+        plan = plan_for(config)
+    except (ModelError, GpuError, PlanError) as exc:
+        hint = " For ocrserve launch: --set vllm.gpu=NAME or --set vllm.gpu_memory_gib=GIB." * isinstance(exc, GpuError)
+        err_console.print(f"error: {exc}{hint}", highlight=False, markup=False, style="bold red")
+        raise typer.Exit(2) from None
+    Console().print(render_table(plan))
+    typer.echo("vLLM:    " + shlex.join(vllm_command(config, plan)))
+    typer.echo("gateway: " + shlex.join(gateway_command(gateway_config(config, plan))))
+    if dry_run:
+        return
+    try:
+        raise typer.Exit(run_with_vllm(config, plan))
+    except VllmStartError as exc:
+        err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
+        raise typer.Exit(1) from None

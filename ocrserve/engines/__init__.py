@@ -10,11 +10,16 @@ def create_engine(config: Config) -> Engine:
     """Build (not start) the engine ``config.engine.kind`` names.
 
     Raises:
-        ValueError: an engine kind this installation does not provide.
+        ValueError: an engine kind this installation does not provide, or a configuration the
+            engine cannot run with (the message names the key).
     """
     kind = config.engine.kind
     if kind == "onnx":
         from ocrserve.engines.onnx import OnnxEngine
 
         return OnnxEngine(config.engine)
+    if kind == "vllm":
+        from ocrserve.engines.vllm import VllmEngine
+
+        return VllmEngine(config)
     raise ValueError(f"engine.kind={kind!r} is not available in this installation")

@@ -1,0 +1,326 @@
+"""The GPU engine: pages to vLLM's OpenAI-compatible chat completions over HTTP, across replicas.
+
+Each page travels as a base64 ``data:`` URI with the model's task prompt and sampling
+(:mod:`ocrserve.engines.vlm`); the reply is cleaned up and split into lines the same way. Pages go
+to the replica with the fewest requests outstanding from this gateway (ties rotate), among those
+that are up.
+
+Failures: a connection error (refused, reset, lost mid-request) or a 503 is retried, with a short
+exponential wait, on the next replica, up to ``engine.vllm.max_retries`` times, and then becomes a
+transient :class:`~ocrserve.engines.base.PageError`; so does a page that gets no reply within
+``timeout_s`` (not retried: it would load the replicas twice). Any other status is the page's own
+failure, never retried: 4xx is permanent (vLLM refuses what it will always refuse), 5xx transient.
+
+A background task polls every replica each ``poll_interval_s``: ``/health`` (200 = engine alive),
+``/v1/models`` when a replica comes up (it must serve ``engine.model``), and ``/metrics`` for
+``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and ``vllm:kv_cache_usage_perc``
+(vLLM's names, ``vllm/v1/metrics/loggers.py``), which become ocrserve's ``ocrserve_vllm_*`` gauges
+and :attr:`VllmEngine.requests_waiting` / :attr:`VllmEngine.kv_cache_usage` for admission. The
+engine is ``ready`` while at least one replica is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from ocrserve import metrics
+from ocrserve.config import Config
+from ocrserve.engines.base import Engine, PageError
+from ocrserve.engines.vlm import completion_request, image_data_uri, read_reply
+from ocrserve.models import ModelError, get_model
+from ocrserve.pages import Page, PageResult
+
+log = logging.getLogger(__name__)
+
+#: Seconds a /health, /v1/models or /metrics probe may take before the replica counts as down.
+PROBE_TIMEOUT_S = 3.0
+#: First wait between attempts, seconds; doubles per attempt up to RETRY_WAIT_MAX_S.
+RETRY_WAIT_S = 0.2
+RETRY_WAIT_MAX_S = 2.0
+#: vLLM's gauges -> :class:`Replica` attributes. ``vllm:gpu_cache_usage_perc`` is the name before
+#: vLLM 0.10 renamed it (``vllm/v1/metrics/loggers.py``).
+WATCHED_METRICS = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+}
+
+
+def server_root(url: str) -> str:
+    """``http://host:port`` from a base URL given with or without a trailing ``/`` or ``/v1``."""
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def read_vllm_metrics(exposition: str) -> dict[str, float]:
+    """The watched gauges from a Prometheus text exposition (see :data:`WATCHED_METRICS`).
+
+    A data-parallel vLLM reports one sample per engine: counts are summed, KV-cache usage (0-1)
+    is the fullest engine's.
+    """
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        key = WATCHED_METRICS.get(family.name)
+        samples = [s.value for s in family.samples]
+        if key and samples:
+            values[key] = max(samples) if key == "kv_cache_usage" else sum(samples)
+    return values
+
+
+@dataclass(eq=False)
+class Replica:
+    """One vLLM server as this gateway sees it.
+
+    Attributes:
+        url: server root, ``http://host:port``.
+        up: answers ``/health`` and serves the model (as of the last poll or request).
+        models: model ids its ``/v1/models`` listed last.
+        outstanding: requests this gateway has in flight there.
+        waiting, running: vLLM's queued / running requests at the last poll (all clients).
+        kv_cache_usage: fraction of its KV cache in use at the last poll, 0-1.
+    """
+
+    url: str
+    up: bool = False
+    models: list[str] = field(default_factory=list)
+    outstanding: int = 0
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+
+
+class _Unavailable(Exception):
+    """The replica could not take the request (connection error or 503): try another."""
+
+
+class VllmEngine(Engine):
+    """OCR through vLLM's chat-completions API (see module docstring).
+
+    Args:
+        config: the profile; ``engine.model`` picks the recipe (``ocrserve.models``),
+            ``engine.vllm`` the replicas and client settings, ``vllm.scheduling_policy`` whether
+            ``priority`` is sent.
+
+    Raises:
+        ValueError: no replicas configured, slots unknown, or a model the registry cannot serve.
+    """
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.cfg = config.engine.vllm
+        if not self.cfg.base_urls:
+            raise ValueError("engine.vllm.base_urls is empty: `ocrserve launch` fills it when it starts vLLM; "
+                             "list your vLLM servers there to use running ones")
+        try:
+            self.spec = get_model(config.engine.model)
+        except ModelError as exc:
+            raise ValueError(f"engine.model: {exc}") from None
+        self.model = self.spec.id
+        self.replicas = [Replica(server_root(url)) for url in self.cfg.base_urls]
+        self.slots_per_replica = _slots_per_replica(config)
+        self.send_priority = config.vllm.scheduling_policy != "fcfs"
+        self._client: httpx.AsyncClient | None = None
+        self._poller: asyncio.Task | None = None
+        self._turn = 0
+
+    @property
+    def slots(self) -> int:
+        return self.slots_per_replica * len(self.replicas)
+
+    @property
+    def requests_waiting(self) -> float:
+        """Requests queued inside the replicas that are up (vLLM's own queue, all clients), last poll."""
+        return sum(r.waiting for r in self.replicas if r.up)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """KV-cache usage of the fullest replica that is up, 0-1, last poll (0 when none is up)."""
+        return max((r.kv_cache_usage for r in self.replicas if r.up), default=0.0)
+
+    async def start(self) -> None:
+        """Poll every replica once, then keep polling in the background.
+
+        Not being able to reach a replica is not an error (``ready`` stays false until one
+        answers); a replica that answers but serves another model is.
+
+        Raises:
+            ValueError: a replica lists models and ``engine.model`` is not among them.
+        """
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=self.slots),
+        )
+        await self._poll_all()
+        for replica in self.replicas:
+            if replica.models and self.model not in replica.models:
+                raise ValueError(f"{replica.url} serves {', '.join(replica.models)}, not {self.model}; "
+                                 "set engine.model to the model it serves")
+        self._poller = asyncio.create_task(self._poll_forever(), name="ocrserve-vllm-poll")
+
+    async def close(self) -> None:
+        self.ready = False
+        if self._poller:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self._client:
+            await self._client.aclose()
+
+    def describe(self) -> dict:
+        """``GET /v1/models`` entry: the base fields plus each replica's state."""
+        return super().describe() | {
+            "replicas": [{"url": r.url, "up": r.up, "outstanding": r.outstanding, "waiting": r.waiting,
+                          "kv_cache_usage": r.kv_cache_usage} for r in self.replicas],
+        }
+
+    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
+        """Send the page to a replica and read its reply. See :class:`Engine` and the module docstring."""
+        started = time.perf_counter()
+        body = await asyncio.to_thread(self._request_body, page, priority)
+        sent = time.perf_counter()
+        reply = await self._complete(body)
+        text, lines = read_reply(self.spec, reply, page)
+        return PageResult(
+            index=page.index, width=page.width, height=page.height, text=text, lines=lines,
+            timings={"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)},
+        )
+
+    def _request_body(self, page: Page, priority: int) -> dict:
+        uri = image_data_uri(page.image, self.cfg.image_format, self.cfg.jpeg_quality)
+        return completion_request(self.spec, self.cfg.task, uri, model=self.model,
+                                  priority=priority if self.send_priority else None)
+
+    async def _complete(self, body: dict) -> str:
+        attempts = AsyncRetrying(
+            retry=retry_if_exception_type(_Unavailable),
+            stop=stop_after_attempt(self.cfg.max_retries + 1),
+            wait=wait_exponential(multiplier=RETRY_WAIT_S, max=RETRY_WAIT_MAX_S),
+            reraise=True,
+        )
+        try:
+            async for attempt in attempts:
+                with attempt:
+                    return await self._send(body)
+        except _Unavailable as exc:
+            raise PageError(f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}",
+                            transient=True) from None
+
+    def _pick(self) -> Replica:
+        """The up replica with the fewest outstanding requests; ties rotate. All replicas when none is up."""
+        live = [r for r in self.replicas if r.up] or self.replicas
+        self._turn += 1
+        order = {id(r): (i - self._turn) % len(live) for i, r in enumerate(live)}
+        return min(live, key=lambda r: (r.outstanding, order[id(r)]))
+
+    async def _send(self, body: dict) -> str:
+        replica = self._pick()
+        replica.outstanding += 1
+        try:
+            response = await self._client.post(replica.url + "/v1/chat/completions", json=body)
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            metrics.VLLM_REQUESTS.labels(replica.url, "timeout").inc()
+            raise PageError(f"{replica.url}: no reply within {self.cfg.timeout_s:g} s", transient=True) from None
+        except httpx.TransportError as exc:
+            self._set_up(replica, False)
+            metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()
+            raise _Unavailable(f"{replica.url}: {type(exc).__name__}: {exc}") from None
+        finally:
+            replica.outstanding -= 1
+        if response.status_code == 503:
+            metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()
+            raise _Unavailable(f"{replica.url}: 503 {_error_message(response)}")
+        if response.status_code != 200:
+            metrics.VLLM_REQUESTS.labels(replica.url, "error").inc()
+            raise PageError(f"{replica.url} answered {response.status_code}: {_error_message(response)}",
+                            transient=response.status_code >= 500)
+        metrics.VLLM_REQUESTS.labels(replica.url, "ok").inc()
+        return _reply_text(response, replica.url)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            await self._poll_all()
+
+    async def _poll_all(self) -> None:
+        await asyncio.gather(*(self._poll(r) for r in self.replicas))
+
+    async def _poll(self, replica: Replica) -> None:
+        try:
+            health = await self._client.get(replica.url + "/health", timeout=PROBE_TIMEOUT_S)
+            up = health.status_code == 200 and (replica.up or await self._serves_model(replica))
+            if up:
+                exposition = await self._client.get(replica.url + "/metrics", timeout=PROBE_TIMEOUT_S)
+                self._record_load(replica, read_vllm_metrics(exposition.text))
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: an unparsable exposition
+            log.debug("poll of %s failed: %s", replica.url, exc)
+            up = False
+        self._set_up(replica, up)
+
+    async def _serves_model(self, replica: Replica) -> bool:
+        listing = await self._client.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT_S)
+        listing.raise_for_status()
+        replica.models = [m.get("id", "") for m in listing.json().get("data", [])]
+        if self.model not in replica.models:
+            log.warning("%s serves %s, not %s; not sending it pages", replica.url, replica.models, self.model)
+            return False
+        return True
+
+    def _record_load(self, replica: Replica, values: dict[str, float]) -> None:
+        replica.waiting = values.get("waiting", 0.0)
+        replica.running = values.get("running", 0.0)
+        replica.kv_cache_usage = values.get("kv_cache_usage", 0.0)
+        metrics.VLLM_REQUESTS_WAITING.labels(replica.url).set(replica.waiting)
+        metrics.VLLM_REQUESTS_RUNNING.labels(replica.url).set(replica.running)
+        metrics.VLLM_KV_CACHE_USAGE.labels(replica.url).set(replica.kv_cache_usage)
+
+    def _set_up(self, replica: Replica, up: bool) -> None:
+        if up != replica.up:
+            log.warning("vLLM replica %s is %s", replica.url, "up" if up else "down")
+        replica.up = up
+        metrics.VLLM_REPLICA_UP.labels(replica.url).set(int(up))
+        self.ready = any(r.up for r in self.replicas)
+
+
+def _slots_per_replica(config: Config) -> int:
+    """``engine.vllm.slots_per_replica``, or ``vllm.max_num_seqs`` when that is ``auto``.
+
+    Raises:
+        ValueError: both are ``auto`` (replicas ocrserve did not plan, so nothing knows their batch).
+    """
+    slots = config.engine.vllm.slots_per_replica
+    if slots == "auto":
+        slots = config.vllm.max_num_seqs
+    if slots == "auto":
+        raise ValueError("engine.vllm.slots_per_replica is auto and so is vllm.max_num_seqs: for vLLM servers "
+                         "ocrserve did not launch, set either to their --max-num-seqs")
+    return slots
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The ``error.message`` of an OpenAI-style error body, else the body's start."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]
+
+
+def _reply_text(response: httpx.Response, url: str) -> str:
+    """The assistant message of a chat completion.
+
+    Raises:
+        PageError: a 200 whose body is not a chat completion (transient: a proxy or a restart).
+    """
+    try:
+        return response.json()["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise PageError(f"{url} answered 200 without a chat completion: {response.text[:200]!r}",
+                        transient=True) from None

@@ -1,0 +1,201 @@
+"""Talking to an OCR vision-language model: the request recipe and the reading of its reply.
+
+A VLM engine (vLLM over HTTP now, PyTorch in debug mode later) sends one page as an image plus the
+model's task prompt, with the model card's sampling, and gets text back. This module builds that
+request from the model registry (:mod:`ocrserve.models`) and turns the reply into a
+:class:`~ocrserve.pages.PageResult`'s text and lines:
+
+* the clean-up the model card applies (``ModelSpec.postprocess``): HunyuanOCR's
+  ``clean_repeated_substrings``, olmOCR's YAML front matter;
+* a markdown fence around the whole reply is removed (models wrap markdown answers in one);
+* boxes where the model writes them: DeepSeek-OCR's grounding markup and dots.ocr's layout JSON.
+  Every other line gets the full-page box: a VLM reads the page, it does not locate lines.
+
+VLMs report no per-line confidence; lines carry ``score`` 1.0.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Callable
+
+import numpy as np
+from PIL import Image
+
+from ocrserve.models import ModelSpec
+from ocrserve.pages import Line, Page
+
+#: PNG zlib level: 1 is ~5x faster than the default 6 on page scans and ~10-20% larger.
+PNG_COMPRESS_LEVEL = 1
+#: HunyuanOCR's clean-up leaves replies shorter than this alone (output_utils.py: ``if n < 8000``).
+REPEAT_MIN_CHARS = 8000
+#: ...and cuts a tail unit that repeats at least this many times down to one copy.
+REPEAT_MIN_COUNT = 10
+#: DeepSeek-OCR grounding boxes are normalized to 0..999 (DeepSeek-OCR repo,
+#: ``DeepSeek-OCR-vllm/run_dpsk_ocr_image.py`` ``draw_bounding_boxes``: ``x / 999 * width``).
+DEEPSEEK_BOX_SCALE = 999.0
+
+_FENCE = re.compile(r"\A\s*```[A-Za-z]*[ \t]*\n(.*?)\n?```\s*\Z", re.S)
+_FRONT_MATTER = re.compile(r"\A\s*---\s*\n.*?\n---\s*(?:\n|\Z)", re.S)
+_GROUNDING = re.compile(r"<\|ref\|>(.*?)<\|/ref\|><\|det\|>(.*?)<\|/det\|>", re.S)
+_BOX = re.compile(r"\[\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*,\s*(-?[\d.]+)\s*\]")
+
+
+def image_data_uri(image: np.ndarray, fmt: str = "png", quality: int = 95) -> str:
+    """An ``(h, w, 3)`` uint8 RGB page as a ``data:`` URI (OpenAI ``image_url``), PNG or JPEG.
+
+    CPU-bound (tens of ms for a 4 MP page): call it off the event loop.
+    """
+    buffer = io.BytesIO()
+    picture = Image.fromarray(image)
+    if fmt == "jpeg":
+        picture.save(buffer, "JPEG", quality=quality, subsampling=0)
+        mime = "image/jpeg"
+    else:
+        picture.save(buffer, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+        mime = "image/png"
+    return f"data:{mime};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def chat_messages(spec: ModelSpec, task: str, image_url: str) -> list[dict]:
+    """OpenAI chat messages for one page: the model's system turn (if any), then one user turn with
+    the image and the task prompt in the order the model card uses.
+
+    Raises:
+        KeyError: ``task`` is not one of the model's prompts (``text``, ``markdown``, ``table``).
+    """
+    image = {"type": "image_url", "image_url": {"url": image_url}}
+    text = {"type": "text", "text": spec.prompt_prefix + spec.prompts[task]}
+    messages = [] if spec.system_prompt is None else [{"role": "system", "content": spec.system_prompt}]
+    messages.append({"role": "user", "content": [image, text] if spec.image_first else [text, image]})
+    return messages
+
+
+def completion_request(spec: ModelSpec, task: str, image_url: str, *, model: str, priority: int | None) -> dict:
+    """The body of ``POST /v1/chat/completions`` for one page.
+
+    Sampling is the model recipe's (greedy or near-greedy, ``max_tokens`` always set, the card's
+    repetition guards), in vLLM's spelling: parameters OpenAI lacks (``top_k``,
+    ``repetition_penalty``, ``vllm_xargs``) ride along at the top level, as vLLM accepts them.
+    ``priority`` is sent only when not ``None`` (vLLM rejects it unless run with
+    ``--scheduling-policy priority``).
+    """
+    body = {"model": model, "messages": chat_messages(spec, task, image_url), **spec.sampling}
+    if priority is not None:
+        body["priority"] = priority
+    return body
+
+
+def strip_fence(text: str) -> str:
+    """The inside of a markdown code fence wrapping the whole reply (```` ```markdown ... ``` ````)."""
+    match = _FENCE.match(text)
+    return match.group(1) if match else text
+
+
+def clean_repeated_substrings(text: str) -> str:
+    """Cut a degenerate tail: a unit repeated ``REPEAT_MIN_COUNT``+ times at the end becomes one copy.
+
+    HunyuanOCR's own rule (``inference/utils/output_utils.py``): replies under
+    ``REPEAT_MIN_CHARS`` characters are left alone; units of 2 .. n/10 characters are tried,
+    shortest first.
+    """
+    n = len(text)
+    if n < REPEAT_MIN_CHARS:
+        return text
+    for length in range(2, n // 10 + 1):
+        unit = text[-length:]
+        count, i = 0, n - length
+        while i >= 0 and text[i:i + length] == unit:
+            count, i = count + 1, i - length
+        if count >= REPEAT_MIN_COUNT:
+            return text[:n - length * (count - 1)]
+    return text
+
+
+def strip_yaml_front_matter(text: str) -> str:
+    """olmOCR replies are markdown under a YAML front matter block (``---`` ... ``---``); keep the markdown."""
+    return _FRONT_MATTER.sub("", text, count=1)
+
+
+CLEANERS: dict[str, Callable[[str], str]] = {
+    "": lambda text: text,
+    "clean_repeated_substrings": clean_repeated_substrings,
+    "strip_yaml_front_matter": strip_yaml_front_matter,
+}
+"""``ModelSpec.postprocess`` name -> the clean-up it names."""
+
+
+def page_box(page: Page) -> list[list[float]]:
+    """The whole page as a box, in client pixels."""
+    w, h = float(page.width), float(page.height)
+    return [[0.0, 0.0], [w, 0.0], [w, h], [0.0, h]]
+
+
+def _rect(x1: float, y1: float, x2: float, y2: float, sx: float, sy: float) -> list[list[float]]:
+    x1, x2, y1, y2 = round(x1 * sx, 1), round(x2 * sx, 1), round(y1 * sy, 1), round(y2 * sy, 1)
+    return [[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+
+
+def _text_lines(text: str, box: list[list[float]]) -> list[Line]:
+    return [Line(text=line.strip(), box=box, score=1.0) for line in text.splitlines() if line.strip()]
+
+
+def grounded_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
+    """DeepSeek-OCR grounding markup: ``<|ref|>kind<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>`` then
+    the block's text up to the next marker. Boxes are 0..999 of the page. ``None`` without markup."""
+    markers = list(_GROUNDING.finditer(text))
+    if not markers:
+        return None
+    sx, sy = page.width / DEEPSEEK_BOX_SCALE, page.height / DEEPSEEK_BOX_SCALE
+    lines, blocks = [], []
+    for marker, following in zip(markers, markers[1:] + [None], strict=True):
+        body = text[marker.end():following.start() if following else len(text)].strip()
+        boxes = [_rect(*map(float, b.groups()), sx, sy) for b in _BOX.finditer(marker.group(2))]
+        if body:
+            blocks.append(body)
+            lines += _text_lines(body, boxes[0] if boxes else page_box(page))
+    return "\n\n".join(blocks), lines
+
+
+def layout_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
+    """dots.ocr layout JSON: ``[{"bbox": [x1, y1, x2, y2], "category": ..., "text": ...}, ...]`` with
+    boxes in pixels of the image the model saw (the normalized page; dots.ocr
+    ``utils/layout_utils.py`` ``post_process_cells`` scales them the same way). ``None`` if not JSON."""
+    try:
+        cells = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and "bbox" in c for c in cells):
+        return None
+    sx, sy = page.scale
+    lines, blocks = [], []
+    for cell in cells:
+        body = str(cell.get("text") or "").strip()
+        if body and len(cell["bbox"]) == 4:
+            blocks.append(body)
+            lines += _text_lines(body, _rect(*map(float, cell["bbox"]), sx, sy))
+    return "\n\n".join(blocks), lines
+
+
+BOX_READERS: dict[str, Callable[[str, Page], tuple[str, list[Line]] | None]] = {
+    "deepseek_vl_v2": grounded_lines,
+    "dots_ocr": layout_lines,
+}
+"""``ModelSpec.architecture`` -> the reader of the boxes that model family writes."""
+
+
+def read_reply(spec: ModelSpec, reply: str, page: Page) -> tuple[str, list[Line]]:
+    """The page's text and lines from a model's reply (see the module docstring).
+
+    Returns:
+        ``(text, lines)``: lines are the text's non-empty lines, each with its box in client pixels.
+    """
+    text = strip_fence(CLEANERS[spec.postprocess](reply).strip())
+    reader = BOX_READERS.get(spec.architecture)
+    boxed = reader(text, page) if reader else None
+    if boxed is not None:
+        return boxed
+    return text, _text_lines(text, page_box(page))

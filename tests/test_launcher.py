@@ -1,0 +1,211 @@
+"""``ocrserve launch --profile prod`` as a real process, with ``tests/fake_vllm.py`` as the ``vllm``
+executable: the stand-in parses ``vllm serve MODEL --host H --port P ...`` and becomes
+``ocrserve engine serve --backend onnx`` on that port, so the launcher's plan, health wait, log
+relay, restarts and shutdown all run for real. Plus, where vLLM is importable, every vLLM
+profile's launch command through vLLM's own argument parser."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from ocrserve.bench.harness import REPO, free_port
+from ocrserve.cli import app
+from ocrserve.config import list_profiles, load_config
+from ocrserve.engines.vllm import read_vllm_metrics
+from ocrserve.launcher import plan_for, vllm_command
+from tests.conftest import DATA
+from tests.test_planner import _vllm_parser
+
+FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
+#: The GPU each vLLM profile is planned for when vLLM's parser checks it (profiles say gpu: auto).
+PROFILE_GPUS = {"prod": "RTX 4090D", "gpu-24g": "RTX 4090", "gpu-12g": "RTX 3060"}
+
+
+class Launch:
+    """``ocrserve launch --profile prod`` on loopback with the stand-in vLLM; output to a file.
+
+    The stand-in is found through ``PATH`` (its ``#!/usr/bin/env python3`` must be this Python,
+    which has ocrserve installed).
+    """
+
+    def __init__(self, log: Path, *overrides: str, env: dict | None = None):
+        self.port, self.vllm_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
+        self.log = log
+        args = [sys.executable, "-m", "ocrserve", "launch", "--profile", "prod", "--port", str(self.port)]
+        for item in (f"vllm.executable={FAKE_VLLM}", "vllm.gpu=RTX 4090D", f"vllm.port={self.vllm_port}",
+                     "preprocess.workers=1", "vllm.restart_backoff_s=0.5", "engine.vllm.poll_interval_s=0.3",
+                     *overrides):
+            args += ["--set", item]
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PATH": path, **(env or {})})
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def vllm_process(self) -> psutil.Process:
+        """The running stand-in vLLM (the launcher's child serving the engine)."""
+        for child in psutil.Process(self.proc.pid).children():
+            if "engine" in child.cmdline() and "serve" in child.cmdline():
+                return child
+        raise AssertionError("no vLLM process under the launcher")
+
+    def ready(self) -> int:
+        try:
+            return httpx.get(self.url + "/readyz", timeout=2).status_code
+        except httpx.TransportError:
+            return 0
+
+    def wait_until(self, status: int, timeout: float = 120.0) -> None:
+        """Poll ``/readyz`` until it answers ``status``; fail with the launcher's output if not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"launcher exited with {self.proc.returncode}:\n{self.output()}"
+            if self.ready() == status:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"/readyz never answered {status}:\n{self.output()}")
+
+    def kill(self) -> None:
+        """Last-resort clean-up: SIGKILL the launcher and everything under it."""
+        if self.proc.poll() is None:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+            for process in [psutil.Process(self.proc.pid), *family]:
+                process.kill()
+            self.proc.wait()
+
+
+def ocr(url: str, name: str = "phototest.tif") -> httpx.Response:
+    return httpx.post(url + "/v1/ocr", files={"file": (name, (DATA / name).read_bytes())}, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One prod launch for the module (its stand-in vLLM loads ONNX models for several seconds)."""
+    launch = Launch(tmp_path_factory.mktemp("launch") / "launch.log")
+    try:
+        launch.wait_until(200)
+        yield launch
+    finally:
+        launch.kill()
+
+
+def test_dry_run_prints_the_plan_and_both_command_lines():
+    result = CliRunner().invoke(app, ["launch", "--profile", "prod", "--dry-run", "--set", "vllm.gpu=RTX 4090D",
+                                      "--set", "vllm.extra_args=[--enforce-eager]"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "tencent/HunyuanOCR on 1 x RTX 4090D" in result.stdout and "--max-num-seqs" in result.stdout
+    vllm_line = next(line for line in result.stdout.splitlines() if line.startswith("vLLM:"))
+    assert vllm_line.split()[1:4] == ["vllm", "serve", "tencent/HunyuanOCR"]
+    assert "--max-num-seqs 9" in vllm_line and "--port 8001" in vllm_line and vllm_line.endswith("--enforce-eager")
+    gateway_line = next(line for line in result.stdout.splitlines() if line.startswith("gateway:"))
+    assert "ocrserve launch --profile prod" in gateway_line
+    assert "engine.vllm.base_urls=[http://127.0.0.1:8001]" in gateway_line
+    assert "engine.vllm.slots_per_replica=9" in gateway_line
+
+
+def test_unknown_gpu_is_an_error_that_says_how_to_name_one():
+    result = CliRunner().invoke(app, ["launch", "--profile", "prod", "--dry-run", "--set", "vllm.gpu=Voodoo 5"])
+    assert result.exit_code == 2
+    assert "unknown GPU 'Voodoo 5'" in result.output and "--set vllm.gpu=NAME" in result.output
+
+
+def test_serve_vllm_script_runs_the_command_the_launcher_plans():
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run([str(REPO / "scripts" / "serve-vllm.sh"), "--gpu", "RTX 4090D"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PATH": path, "DRY_RUN": "1"})
+    assert done.returncode == 0, done.stderr
+    config = load_config("prod", ["vllm.gpu=RTX 4090D"], environ={})
+    assert shlex.split(done.stderr.strip().splitlines()[-1]) == vllm_command(config, plan_for(config))
+
+
+def test_vllm_exiting_before_healthy_fails_fast_with_its_last_lines(tmp_path):
+    launch = Launch(tmp_path / "launch.log", env={"FAKE_VLLM_FAIL": "RuntimeError: CUDA out of memory (stand-in)"})
+    try:
+        assert launch.proc.wait(30) == 1
+    finally:
+        launch.kill()
+    output = launch.output()
+    assert "vLLM exited with code 1 before it was healthy" in output
+    assert "vllm | RuntimeError: CUDA out of memory (stand-in)" in output.split("before it was healthy")[1]
+    assert "Uvicorn running" not in output
+
+
+def test_gateway_starts_after_vllm_is_healthy_and_reads_through_it(launched):
+    output = launched.output()
+    order = [f"waiting for {launched.vllm_url}/health", "vllm | fake vllm: serve tencent/HunyuanOCR",
+             "vLLM is healthy; starting the gateway", f"Uvicorn running on {launched.url}"]
+    positions = [output.index(marker) for marker in order]
+    assert positions == sorted(positions), output
+    assert f"vLLM:    {FAKE_VLLM} serve tencent/HunyuanOCR" in output
+    assert "vllm | INFO:" in output  # the engine's own log, relayed with the prefix
+    (entry,) = httpx.get(launched.url + "/v1/models").json()["data"]
+    assert entry["slots"] == 9 and entry["replicas"][0]["url"] == launched.vllm_url
+    response = ocr(launched.url)
+    assert response.status_code == 200
+    assert response.json()["text"].startswith("This is a lot of 12 point text")
+
+
+def test_vllm_killed_is_restarted_and_the_gateway_answers_503_meanwhile(launched):
+    first = launched.vllm_process()
+    first.kill()  # SIGKILL, as the OOM killer would
+    launched.wait_until(503, timeout=10)
+    refused = ocr(launched.url)
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+    launched.wait_until(200)
+    assert launched.vllm_process().pid != first.pid
+    assert "vLLM exited with code -9; restarting it in 0.5 s" in launched.output()
+    assert ocr(launched.url).json()["text"].startswith("This is a lot of 12 point text")
+
+
+def test_sigterm_drains_in_flight_work_then_stops_everything(launched):
+    family = psutil.Process(launched.proc.pid).children(recursive=True)
+    assert any("engine" in p.cmdline() for p in family) and len(family) >= 3
+    answer: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: answer.append(ocr(launched.url)))
+    request.start()
+    deadline = time.monotonic() + 30
+    while read_vllm_metrics(httpx.get(launched.vllm_url + "/metrics").text)["running"] < 1:
+        assert time.monotonic() < deadline, "the page never reached vLLM"
+        time.sleep(0.01)
+    launched.proc.send_signal(signal.SIGTERM)
+    request.join(120)
+    assert answer and answer[0].status_code == 200, answer and answer[0].text
+    assert answer[0].json()["text"].startswith("This is a lot of 12 point text")
+    assert launched.proc.wait(60) == 0
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    assert "stopping vLLM" in launched.output()
+
+
+@pytest.mark.vllm
+def test_every_vllm_profile_launches_with_an_argv_vllm_accepts():
+    parser, validate = _vllm_parser()
+    profiles = [name for name in list_profiles() if load_config(name, environ={}).engine.kind == "vllm"]
+    assert {"prod", "gpu-24g", "gpu-12g"} <= set(profiles)
+    for name in profiles:
+        config = load_config(name, [f"vllm.gpu={PROFILE_GPUS.get(name, 'H100')}"], environ={})
+        plan = plan_for(config)
+        argv = vllm_command(config, plan)
+        assert argv[:3] == ["vllm", "serve", config.engine.model], name
+        args = parser.parse_args(argv[2:])
+        validate(args)
+        assert (args.host, args.port) == (config.vllm.host, config.vllm.port)
+        assert args.max_num_seqs == plan.vllm_args["max_num_seqs"] >= 1
+        assert args.mm_processor_kwargs == {"min_pixels": config.preprocess.min_pixels,
+                                            "max_pixels": config.preprocess.max_pixels}

@@ -121,7 +121,7 @@ class FastLaneConfig(LaneConfig):
     priority: int = 0
     max_pages: int = Field(4, ge=1, description="Synchronous requests with at most this many pages are fast")
     max_pixels: int = Field(16_000_000, ge=1, description="...and at most this many normalized pixels in all")
-    reserved_slots: int = Field(1, ge=0, description="Engine slots bulk work may not take while fast work could arrive")
+    burst_slots: int = Field(1, ge=0, description="Pages the fast lane may run beyond the engine's slots")
 
 
 class BulkLaneConfig(LaneConfig):

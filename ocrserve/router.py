@@ -11,8 +11,9 @@ by *weighted deficit round robin* (Shreedhar and Varghese, "Efficient fair queue
 round robin", SIGCOMM 1995) over the lanes, with cost counted in pages or visual tokens: when both
 lanes wait, the fast lane is served first and gets ``fast.weight`` cost units for every
 ``bulk.weight`` the bulk lane gets, so bulk keeps a guaranteed share ``bulk.weight / (sum of
-weights)`` and never starves. ``fast.reserved_slots`` slots are kept out of bulk's reach so an
-interactive page never waits for a bulk page to leave the engine.
+weights)`` and never starves. The fast lane may run ``fast.burst_slots`` pages beyond the engine's
+slots, so an interactive page never waits for a bulk page to leave the engine; the engine's own
+stage priority (lanes pass their ``priority``) then lets it overtake the bulk pages in flight.
 
 A page whose deadline passes while queued gets 504 and is dropped before it reaches the engine;
 so is a page whose request was cancelled (client gone). ``router.mode: fifo`` replaces all of this
@@ -38,6 +39,8 @@ from ocrserve.pages import Page, PageResult
 FAST, BULK = "fast", "bulk"
 #: Seconds of completions the drain rate is measured over.
 DRAIN_WINDOW_S = 60.0
+#: Seconds between dispatch attempts while nothing wakes the dispatcher.
+RECHECK_S = 0.5
 
 
 @dataclass(eq=False)
@@ -238,9 +241,12 @@ class Router:
 
     async def _dispatch_loop(self) -> None:
         while True:
-            await self._wake.wait()
+            # Woken by a new page or a finished one; the timeout re-checks an engine that was
+            # saturated by other clients.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RECHECK_S)
             self._wake.clear()
-            while self.in_flight < self.capacity and (ticket := self._next()) is not None:
+            while (ticket := self._next()) is not None:
                 self._start(ticket)
 
     def _next(self) -> Ticket | None:
@@ -260,7 +266,8 @@ class Router:
 
     def _pick(self) -> Ticket | None:
         if self.cfg.mode == "fifo":
-            return self._fifo.popleft() if self._fifo else None
+            may_run = self.in_flight < self.capacity and not self.engine.saturated()
+            return self._fifo.popleft() if self._fifo and may_run else None
         candidates = [lane for lane in self.lanes.values() if lane.queue and self._may_run(lane)]
         for lane in self.lanes.values():
             if not lane.queue:
@@ -277,10 +284,12 @@ class Router:
         return ticket
 
     def _may_run(self, lane: Lane) -> bool:
-        """Bulk may not take the slots reserved for interactive work."""
-        if lane.name == FAST:
-            return True
-        return lane.in_flight < max(1, self.capacity - self.cfg.fast.reserved_slots)
+        """A free slot, or for the fast lane one of its burst slots; nothing while the engine
+        reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
+        burst = self.cfg.fast.burst_slots if lane.name == FAST else 0
+        if self.in_flight >= self.capacity + burst:
+            return False
+        return burst > 0 or not self.engine.saturated()
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane

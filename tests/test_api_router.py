@@ -30,8 +30,9 @@ def six_page_tiff() -> bytes:
 
 @pytest.fixture(scope="module")
 def gw():
-    # one engine slot; a fast lane that holds 2 pages, a bulk lane of 8
-    gateway = Gateway("router.slot_overcommit=0.5", "router.fast.queue_pages=2", "router.bulk.queue_pages=8").wait_ready()
+    # one engine slot, no burst beyond it; a fast lane that holds 2 pages, a bulk lane of 8
+    gateway = Gateway("router.slot_overcommit=0.5", "router.fast.burst_slots=0", "router.fast.queue_pages=2",
+                      "router.bulk.queue_pages=8").wait_ready()
     yield gateway
     gateway.stop()
 

@@ -80,7 +80,7 @@ async def test_lane_choice(engine):
 
 
 async def test_fast_overtakes_queued_bulk(make_router):
-    router = make_router()
+    router = make_router(fast={"burst_slots": 0})
     done: list[str] = []
     bulk = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), done)) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1)  # b0 is in the engine, b1..b3 queue
@@ -90,13 +90,23 @@ async def test_fast_overtakes_queued_bulk(make_router):
 
 
 async def test_bulk_keeps_its_minimum_share(make_router):
-    router = make_router()  # weights fast 4 : bulk 1 -> bulk gets 1 of every 5 pages under contention
+    router = make_router(fast={"burst_slots": 0})  # weights fast 4 : bulk 1 -> bulk gets 1 of every 5 pages under contention
     done: list[str] = []
     tasks = [asyncio.create_task(run_tagged(router, FAST, f"f{i}", blank(i), done)) for i in range(12)]
     tasks += [asyncio.create_task(run_tagged(router, BULK, f"b{i}", blank(i), done)) for i in range(6)]
     await asyncio.gather(*tasks)
     lanes = "".join(tag[0] for tag in done)
     assert lanes == "ffffbffffbffffbbbb"
+
+
+async def test_fast_burst_passes_bulk_in_flight(make_router):
+    router = make_router()  # capacity 1, fast.burst_slots 1
+    done: list[str] = []
+    bulk = asyncio.create_task(run_tagged(router, BULK, "b0", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)  # b0 holds the only slot
+    await run_tagged(router, FAST, "f0", blank(), done)  # runs beside it, ahead at every stage
+    await bulk
+    assert done == ["f0", "b0"]
 
 
 async def test_fifo_mode_keeps_arrival_order(make_router):
@@ -143,7 +153,7 @@ async def test_retry_after_by_littles_law():
 
 
 async def test_deadline_passed_while_queued_never_reaches_engine(make_router):
-    router = make_router()
+    router = make_router(fast={"burst_slots": 0})
     engine_pages = metrics.ENGINE_PAGES.labels(FAST)._value.get()
     deadline_drops = metrics.REJECTIONS.labels(FAST, "deadline")._value.get()
     async with router.admit(BULK, 1) as busy:

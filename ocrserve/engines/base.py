@@ -75,6 +75,14 @@ class Engine(abc.ABC):
                 raise outcome
         return list(outcomes)
 
+    def saturated(self) -> bool:
+        """True while the engine's own queue is backed up and new pages should wait in the router.
+
+        The embedded engine never is (the router's slots bound it); the vLLM engine is when vLLM
+        reports requests waiting or a nearly full KV cache.
+        """
+        return False
+
     def describe(self) -> dict:
         """The engine's model and limits, as ``GET /v1/models`` reports them."""
         return {"id": self.model, "object": "model", "slots": self.slots, "ready": self.ready}

@@ -53,6 +53,9 @@ WATCHED_METRICS = {
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
 }
 
+#: KV-cache usage (0-1) above which vLLM would start preempting; the router holds pages back.
+KV_CACHE_FULL = 0.95
+
 
 def server_root(url: str) -> str:
     """``http://host:port`` from a base URL given with or without a trailing ``/`` or ``/v1``."""
@@ -144,6 +147,11 @@ class VllmEngine(Engine):
     def kv_cache_usage(self) -> float:
         """KV-cache usage of the fullest replica that is up, 0-1, last poll (0 when none is up)."""
         return max((r.kv_cache_usage for r in self.replicas if r.up), default=0.0)
+
+    def saturated(self) -> bool:
+        """True while vLLM queues requests itself or its KV cache is nearly full (last poll): new
+        pages then wait in ocrserve's router, where lanes order them, not in vLLM's FCFS queue."""
+        return self.requests_waiting > 0 or self.kv_cache_usage >= KV_CACHE_FULL
 
     async def start(self) -> None:
         """Poll every replica once, then keep polling in the background.

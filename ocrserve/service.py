@@ -18,11 +18,14 @@ from pathlib import Path
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import PageError
-from ocrserve.errors import DeadlinePassed, EngineFailed, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import PageFailure, Preprocessor, Source, parse_page_ranges
 from ocrserve.router import Reservation, Router
 
+#: Seconds a client is told to wait after a transient engine failure (a vLLM restart takes longer
+#: than a blip; the client's own backoff grows from there).
+TRANSIENT_RETRY_AFTER_S = 5
 #: Uploads above this many bytes reach the decoding processes as a temporary file, not as bytes
 #: pickled once per chunk of pages.
 SPOOL_BYTES = 1 << 20
@@ -43,6 +46,14 @@ def spooled(data: bytes) -> Iterator[Source]:
 def failed_page(index: int, problem: Problem) -> PageResult:
     """The result entry of a page that failed: no text, the problem as ``error``."""
     return PageResult(index=index, width=0, height=0, text="", error=problem.to_dict())
+
+
+def page_problem(index: int, error: PageError) -> Problem:
+    """The problem of a page the engine failed: 503 with ``Retry-After`` when the failure is
+    transient (engine down or restarting), else 502."""
+    if error.transient:
+        return EngineUnavailable(f"page {index + 1}: {error}", headers={"Retry-After": str(TRANSIENT_RETRY_AFTER_S)})
+    return EngineFailed(f"page {index + 1}: {error}")
 
 
 class OcrService:
@@ -116,7 +127,7 @@ class OcrService:
             return failed_page(page.index, problem), problem
         except PageError as exc:
             metrics.PAGES.labels("failed").inc()
-            problem = EngineFailed(f"page {page.index + 1}: {exc}")
+            problem = page_problem(page.index, exc)
             return failed_page(page.index, problem), problem
         engine_s = sum(result.timings.values())
         metrics.ENGINE_SECONDS.observe(engine_s)

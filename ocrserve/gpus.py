@@ -275,3 +275,27 @@ def detect() -> DetectedGpu:
     name, memory = found[0]
     count = sum(1 for n, _ in found if n == name)
     return DetectedGpu(name, memory, count, match_detected(name, memory), via)
+
+
+def resolve_gpu(gpu: str, gpu_memory: float | None) -> tuple[GpuSpec, int]:
+    """The GPU spec to plan for and how many were detected (1 unless ``auto``).
+
+    Args:
+        gpu: a registry name or ``auto`` (detect through NVML / nvidia-smi).
+        gpu_memory: GiB per GPU overriding the registry's (with ``auto``: skip detection).
+
+    Raises:
+        GpuError: unknown name, or ``auto`` with no GPU found.
+    """
+    count = 1
+    if gpu.lower() == "auto" and gpu_memory is None:
+        found = detect()
+        return found.as_spec(), found.count
+    if gpu.lower() == "auto":
+        base = GpuSpec("custom", 0, (8, 0), 0.0, (), "--gpu-memory; bf16 assumed, bandwidth unknown")
+    else:
+        base = lookup(gpu)
+    if gpu_memory is not None:
+        base = GpuSpec(base.name, int(gpu_memory * GIB / 1024**2), base.compute_capability,
+                       base.bandwidth_gbs, base.aliases, base.source + f"; memory set to {gpu_memory:g} GiB")
+    return base, count

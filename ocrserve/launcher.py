@@ -36,6 +36,7 @@ import uvicorn
 
 from ocrserve.api import create_app
 from ocrserve.config import Config, VllmConfig
+from ocrserve.gpus import resolve_gpu
 from ocrserve.models import get_model
 from ocrserve.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 
@@ -99,11 +100,10 @@ def plan_for(config: Config) -> Plan:
         ocrserve.gpus.GpuError: unknown GPU name, or no GPU found for ``auto``.
         ocrserve.planner.PlanError: the model does not fit (the message says what would).
     """
-    from ocrserve.cli.plan import _resolve_gpu  # here, not at the top: ocrserve.cli imports this module
 
     v, pre = config.vllm, config.preprocess
     spec = get_model(config.engine.model)
-    gpu, detected = _resolve_gpu(v.gpu, v.gpu_memory_gib)
+    gpu, detected = resolve_gpu(v.gpu, v.gpu_memory_gib)
     return plan_serving(
         spec, gpu,
         gpus=detected if v.gpus == "auto" else v.gpus,

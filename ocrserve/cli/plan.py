@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ocrserve.config import ConfigError, load_config
-from ocrserve.gpus import GIB, GpuError, GpuSpec, detect, lookup
+from ocrserve.gpus import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, REGISTRY, ModelError, get_model
 from ocrserve.planner import RENDERERS, PlanError, plan_serving
 
@@ -60,22 +60,6 @@ def _profile_settings(profile: str) -> dict:
     return settings
 
 
-def _resolve_gpu(gpu: str, gpu_memory: float | None) -> tuple[GpuSpec, int]:
-    """The GPU spec to plan for and how many were detected (1 unless ``auto``)."""
-    count = 1
-    if gpu.lower() == "auto" and gpu_memory is None:
-        found = detect()
-        return found.as_spec(), found.count
-    if gpu.lower() == "auto":
-        base = GpuSpec("custom", 0, (8, 0), 0.0, (), "--gpu-memory; bf16 assumed, bandwidth unknown")
-    else:
-        base = lookup(gpu)
-    if gpu_memory is not None:
-        base = GpuSpec(base.name, int(gpu_memory * GIB / 1024**2), base.compute_capability,
-                       base.bandwidth_gbs, base.aliases, base.source + f"; memory set to {gpu_memory:g} GiB")
-    return base, count
-
-
 def plan(
     profile: Annotated[str, typer.Option(help="Profile supplying model, pixel budget and vllm settings "
                                               "(flags win); works without one.")] = "prod",
@@ -114,7 +98,7 @@ def plan(
     vllm_settings = dict(settings.get("vllm") or {})
     try:
         spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
-        gpu_spec, detected = _resolve_gpu(gpu, gpu_memory)
+        gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
         util = gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90
         result = plan_serving(
             spec, gpu_spec,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ocrserve import metrics
 from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
-from ocrserve.errors import DeadlinePassed, Overloaded
+from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page, PageResult
 
 FAST, BULK = "fast", "bulk"
@@ -174,9 +174,15 @@ class Router:
         on exit.
 
         Raises:
-            Overloaded: the lane's queue cannot take ``pages`` more (503 or 429, ``Retry-After``).
+            PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
+            Overloaded: the lane's queue cannot take ``pages`` more now (503 or 429, ``Retry-After``).
         """
         lane = self.lanes[lane_name]
+        if pages > lane.cfg.queue_pages:
+            raise PayloadTooLarge(
+                f"{pages} pages exceed the {lane.name} lane's queue of router.{lane.name}.queue_pages="
+                f"{lane.cfg.queue_pages}", slug="too-many-pages",
+            )
         if lane.reserved + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages)
         reservation = Reservation(lane, pages)

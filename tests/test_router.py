@@ -14,7 +14,7 @@ from ocrserve import metrics
 from ocrserve.config import EngineConfig, OnnxEngineConfig, RouterConfig
 from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
-from ocrserve.errors import DeadlinePassed, Overloaded
+from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
 from ocrserve.router import BULK, FAST, Router, retry_after_s
 from tests.samples import phototest
@@ -136,6 +136,13 @@ async def test_full_lane_refused_with_littles_law_retry_after(make_router):
     assert rate > 0 and int(problem.headers["Retry-After"]) == max(1, math.ceil(3 / rate))
     assert metrics.REJECTIONS.labels(FAST, "queue_full")._value.get() == before + 1
     assert router.lanes[FAST].reserved == 0  # the reservation was returned
+
+
+async def test_request_larger_than_the_lane_is_413_not_503(make_router):
+    router = make_router(fast={"queue_pages": 3})
+    with pytest.raises(PayloadTooLarge, match="router.fast.queue_pages=3"):
+        async with router.admit(FAST, 4):
+            pass
 
 
 async def test_overload_status_configurable(make_router):

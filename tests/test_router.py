@@ -147,9 +147,10 @@ async def test_request_larger_than_the_lane_is_413_not_503(make_router):
 
 async def test_overload_status_configurable(make_router):
     router = make_router(overload_status=429, bulk={"queue_pages": 2})
-    with pytest.raises(Overloaded) as refused:
-        async with router.admit(BULK, 3):
-            pass
+    async with router.admit(BULK, 2):
+        with pytest.raises(Overloaded) as refused:
+            async with router.admit(BULK, 1):
+                pass
     assert refused.value.status == 429
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import mimetypes
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -27,6 +31,22 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError) or (
         isinstance(exc, RequestFailed) and exc.status in RETRY_STATUSES
     )
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def idempotency_key(path: Path, **params) -> str:
+    """A job's ``Idempotency-Key`` for a file: its sha256 and the parameters, so that submitting the
+    same file with the same parameters again finds the earlier job."""
+    canonical = json.dumps({k: v for k, v in params.items() if v is not None}, sort_keys=True)
+    return "ocrserve-" + hashlib.sha256(f"{file_sha256(path)}:{canonical}".encode()).hexdigest()
 
 
 def collect_documents(paths: list[Path]) -> list[Path]:
@@ -67,6 +87,32 @@ class OcrClient:
     async def __aexit__(self, *exc) -> None:
         await self._http.aclose()
 
+    async def _retrying(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        """``send()`` until it answers below 400, retrying 429/502/503 and connection errors.
+
+        Raises:
+            RequestFailed: an error status that is not retried, or the last one.
+        """
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=0.5, max=10), reraise=True,
+        ):
+            with attempt:
+                response = await send()
+                if response.status_code >= 400:
+                    raise RequestFailed(response.status_code, _problem_body(response))
+        return response
+
+    async def _post_file(self, url: str, path: Path, data: dict, headers: dict | None = None) -> httpx.Response:
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+        async def send() -> httpx.Response:
+            with path.open("rb") as fh:
+                return await self._http.post(url, data=data, files={"file": (path.name, fh, media_type)},
+                                             headers=headers)
+
+        return await self._retrying(send)
+
     async def ocr(self, path: Path, *, fmt: str = "json", pages: str | None = None) -> dict | str:
         """OCR one file: the result dict for ``json``, else the rendered text.
 
@@ -74,17 +120,74 @@ class OcrClient:
             RequestFailed: the gateway refused or failed the document (after retries).
         """
         data = {"format": fmt} | ({"pages": pages} if pages else {})
-        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=0.5, max=10), reraise=True,
-        ):
-            with attempt:
-                with path.open("rb") as fh:
-                    response = await self._http.post("/v1/ocr", data=data, files={"file": (path.name, fh, media_type)})
-                if response.status_code >= 400:
-                    raise RequestFailed(response.status_code, _problem_body(response))
+        response = await self._post_file("/v1/ocr", path, data)
         return response.json() if fmt == "json" else response.text
+
+    async def submit_job(self, path: Path, *, pages: str | None = None, priority: int | None = None,
+                         key: str | None = None) -> dict:
+        """Submit one file as a job (``POST /v1/jobs``); returns the job's status (``id``,
+        ``pages_total``, ...). With the same ``key`` (an ``Idempotency-Key``) and request, the
+        earlier job is returned instead of a new one.
+
+        Raises:
+            RequestFailed: the gateway refused the file (after retries).
+        """
+        data = {k: str(v) for k, v in (("pages", pages), ("priority", priority)) if v is not None}
+        headers = {"Idempotency-Key": key} if key else None
+        return (await self._post_file("/v1/jobs", path, data, headers)).json()
+
+    async def job_events(self, job_id: str) -> AsyncIterator[tuple[str, dict]]:
+        """The job's Server-Sent Events as ``(event, data)``: ``page`` per finished page, then
+        ``done`` (data: the job's status), after which the iteration ends. A dropped connection is
+        resumed with ``Last-Event-ID`` (on any gateway sharing the job store).
+
+        Raises:
+            RequestFailed: the job is unknown, or the stream failed ``attempts`` times in a row.
+        """
+        last_id, failures = "", 0
+        while True:
+            headers = {"Last-Event-ID": last_id} if last_id else {}
+            try:
+                async with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                             timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise RequestFailed(response.status_code, _problem_body(response))
+                    async for event, event_id, data in _parse_sse(response.aiter_lines()):
+                        failures = 0
+                        last_id = event_id or last_id
+                        yield event, data
+                        if event == "done":
+                            return
+            except (httpx.TransportError, RequestFailed) as exc:
+                failures += 1
+                if failures >= self.attempts or not _retryable(exc):
+                    raise
+                await asyncio.sleep(min(0.5 * 2 ** failures, 10))
+
+    async def job_result(self, job_id: str, *, fmt: str = "json") -> dict | str:
+        """A finished job's result: the result dict for ``json``, else the rendered text.
+
+        Raises:
+            RequestFailed: unknown job, or not finished (409).
+        """
+        response = await self._retrying(lambda: self._http.get(f"/v1/jobs/{job_id}/result", params={"format": fmt}))
+        return response.json() if fmt == "json" else response.text
+
+
+async def _parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str, dict]]:
+    """``(event, id, data)`` of each event in a ``text/event-stream`` (comments and pings skipped)."""
+    fields: dict[str, str] = {}
+    async for line in lines:
+        if line.startswith(":"):
+            continue
+        if line:
+            key, _, value = line.partition(":")
+            fields[key] = value.removeprefix(" ")
+            continue
+        if "data" in fields:
+            yield fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
+        fields = {}
 
 
 def _problem_body(response: httpx.Response) -> dict:

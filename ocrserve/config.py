@@ -177,6 +177,65 @@ class VllmConfig(Section):
     stop_timeout_s: float = Field(30.0, gt=0, exclude=True, description="SIGTERM-to-SIGKILL grace at shutdown, s")
 
 
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/ocrserve``, else ``~/.local/share/ocrserve`` (XDG Base Directory spec)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "ocrserve"
+
+
+class StoreConfig(Section):
+    """Where jobs live: the job store (pages, leases, events, idempotency keys, the dedup index)
+    and the folder holding uploads and results (see ``ocrserve.jobs``)."""
+
+    url: str = Field(
+        "", description="sqlite:///path.db (a relative path after the three slashes, an absolute one after "
+                        "four) or redis://host:port/0; empty = sqlite:///<data_dir>/jobs.db",
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Uploads, page results and the dedup cache; every gateway sharing a Redis store must "
+                    "see the same folder (a shared volume)",
+    )
+    key_prefix: str = Field("ocrserve", min_length=1, description="Namespace of every Redis key")
+    cache_entries: int = Field(10_000, ge=0, description="Documents the dedup cache keeps (LRU); 0 = off")
+    cache_sync: bool = Field(
+        False, description="Answer synchronous POST /v1/ocr from the dedup cache too (jobs always use it); off by "
+                           "default so that load tests and benchmarks measure the engine",
+    )
+
+
+class JobsConfig(Section):
+    """Durable bulk jobs: the worker that runs their pages, retries, retention and webhooks."""
+
+    concurrency: int = Field(
+        0, ge=0, description="Pages this gateway's worker holds at once (decoding, queued, in the engine); "
+                             "0 = twice the router's engine capacity",
+    )
+    lease_s: float = Field(60.0, gt=0, description="Visibility timeout of a claimed page, seconds; renewed at a "
+                                                   "third of it while the page runs, re-claimed after it")
+    poll_interval_s: float = Field(0.5, gt=0, description="Seconds between claim attempts while idle or overloaded")
+    max_attempts: int = Field(4, ge=1, description="Tries of a page that fails transiently before it fails")
+    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry, seconds; doubles each try")
+    retry_backoff_max_s: float = Field(120.0, gt=0, description="Cap of the retry wait, seconds")
+    max_files: int = Field(100, ge=1, description="Documents in one job (400 above)")
+    max_priority: int = Field(9, ge=0, le=99, description="Jobs take priority 0..max_priority; higher runs first")
+    events_poll_s: float = Field(0.25, gt=0, description="Seconds between store reads of an open event stream")
+    retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs, their uploads and results are "
+                                                              "deleted this long after they end, seconds")
+    janitor_interval_s: float = Field(600.0, gt=0, description="Seconds between retention sweeps")
+    webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned")
+    webhook_allow_hosts: list[str] = Field(
+        default_factory=list, description="Hosts webhooks may call (exact, or *.example.com); empty = no webhooks",
+    )
+    webhook_allow_private: bool = Field(
+        False, description="Let webhooks reach loopback, private and link-local addresses (SSRF guard off)",
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, description="Seconds one webhook call may take")
+    webhook_attempts: int = Field(6, ge=1, description="Calls of a webhook before it is given up")
+    webhook_backoff_s: float = Field(1.0, gt=0, description="Wait before the first webhook retry; doubles each try")
+    webhook_backoff_max_s: float = Field(60.0, gt=0, description="Cap of the webhook retry wait, seconds")
+
+
 class Config(Section):
     """A whole profile. See the module docstring for how values are layered."""
 
@@ -186,6 +245,8 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 

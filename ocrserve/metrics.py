@@ -64,3 +64,32 @@ VLLM_REQUESTS = Counter(
     "error or 503, retried elsewhere; timeout; error: any other status).",
     ["replica", "outcome"],
 )
+
+# Durable jobs (ocrserve.jobs): intake, this gateway's worker, webhooks, retention, dedup cache
+JOBS_SUBMITTED = Counter(
+    "ocrserve_jobs_submitted", "Job submissions answered 202, by kind (new; replay: an Idempotency-Key seen "
+    "before with the same request).", ["kind"],
+)
+JOBS_FINISHED = Counter("ocrserve_jobs_finished", "Jobs ended here, by final status.", ["status"])
+JOB_PAGES = Counter(
+    "ocrserve_jobs_pages", "Job pages this gateway's worker finished or gave back, by outcome (done; failed; "
+    "retried: transient failure, queued again after a backoff; duplicate: another claimant finished it first).",
+    ["outcome"],
+)
+JOB_CLAIMS = Counter(
+    "ocrserve_jobs_claims", "Job pages claimed by this gateway's worker, by kind (first; again: a retry, or a page "
+    "whose earlier claimant stopped renewing its lease).", ["kind"],
+)
+JOB_PAGES_IN_FLIGHT = Gauge("ocrserve_jobs_pages_in_flight", "Job pages this gateway's worker holds now.")
+JOB_BACKLOG = Gauge(
+    "ocrserve_jobs_backlog_pages", "Job pages queued or running in the store, all gateways together (sampled).",
+)
+JOB_ADMISSION_WAITS = Counter(
+    "ocrserve_jobs_admission_waits", "Times the worker found the bulk lane full and waited before claiming.",
+)
+WEBHOOKS = Counter(
+    "ocrserve_jobs_webhooks", "Webhook deliveries, by outcome (delivered; failed: every attempt failed; refused: "
+    "the address was no longer allowed).", ["outcome"],
+)
+JOBS_EXPIRED = Counter("ocrserve_jobs_expired", "Jobs deleted with their files after jobs.retention_s.")
+DEDUP_LOOKUPS = Counter("ocrserve_dedup_lookups", "Dedup-cache lookups, by result (hit, miss).", ["result"])

@@ -3,6 +3,10 @@
 The result dict is the one DESIGN.md fixes (``id``, ``model``, ``lane``, ``text``, ``pages``,
 ``usage``). A page that fails carries an ``error`` problem object and empty text; its neighbours
 are unaffected. A document whose every page failed raises the first page's problem.
+
+With a dedup cache (``ocrserve.jobs.cache``), a document seen before with the same pages and model
+is answered from the cache without engine work, and a document whose every page succeeded is
+cached.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
+from ocrserve.jobs.cache import DedupCache, sha256_hex
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import PageFailure, Preprocessor, Source, parse_page_ranges
 from ocrserve.router import Reservation, Router
@@ -48,6 +53,37 @@ def failed_page(index: int, problem: Problem) -> PageResult:
     return PageResult(index=index, width=0, height=0, text="", error=problem.to_dict())
 
 
+def with_timings(result: PageResult, page: Page, queued: float) -> PageResult:
+    """``result`` with ``queue_s``, ``preprocess_s`` and ``engine_s`` put before the engine's own stage
+    timings (seconds); ``queued`` is the ``time.perf_counter()`` instant the page was submitted."""
+    engine_s = sum(result.timings.values())
+    result.timings = {
+        "queue_s": round(max(0.0, time.perf_counter() - queued - engine_s), 4),
+        "preprocess_s": round(page.preprocess_s, 4),
+        "engine_s": round(engine_s, 4),
+        **result.timings,
+    }
+    return result
+
+
+def assemble_result(pages: list[dict], model: str, lane: str, seconds: float, result_id: str = "") -> dict:
+    """The result dict of DESIGN.md from page dicts (``PageResult.to_dict()``) in order.
+
+    Args:
+        seconds: wall time of the whole document (``usage.seconds``).
+        result_id: the result's ``id``; a new random one when empty.
+    """
+    failed = sum(1 for page in pages if page.get("error"))
+    return {
+        "id": result_id or uuid.uuid4().hex,
+        "model": model,
+        "lane": lane,
+        "text": "\f".join(page["text"] for page in pages),
+        "pages": pages,
+        "usage": {"pages": len(pages) - failed, "seconds": round(seconds, 4)},
+    }
+
+
 def page_problem(index: int, error: PageError) -> Problem:
     """The problem of a page the engine failed: 503 with ``Retry-After`` when the failure is
     transient (engine down or restarting), else 502."""
@@ -63,16 +99,18 @@ class OcrService:
         config: the profile.
         preprocessor: decodes and normalizes pages.
         router: admits pages to lanes and dispatches them to the engine.
+        cache: the dedup cache, or None for none.
     """
 
-    def __init__(self, config: Config, preprocessor: Preprocessor, router: Router):
+    def __init__(self, config: Config, preprocessor: Preprocessor, router: Router, cache: DedupCache | None = None):
         self.config = config
         self.preprocessor = preprocessor
         self.router = router
+        self.cache = cache
 
     async def ocr(
         self, data: bytes, *, pages: str | None = None, priority: str | None = None, deadline: float | None = None
-    ) -> dict:
+    ) -> tuple[dict, bool]:
         """OCR a document synchronously.
 
         Args:
@@ -82,7 +120,8 @@ class OcrService:
             deadline: ``time.monotonic()`` instant by which pages must have left the queue.
 
         Returns:
-            The result dict (see module docstring).
+            ``(result, cached)``: the result dict (see module docstring), and whether it came from
+            the dedup cache.
 
         Raises:
             Problem: 413/415 from the preprocessor, 400 for bad ``pages``, 503/429 when the lane is
@@ -93,14 +132,21 @@ class OcrService:
             info = await self.preprocessor.inspect(source)
             indices = parse_page_ranges(pages, info.page_count)
             lane = self.router.lane_for(len(indices), info.normalized_pixels(indices, self.config.preprocess), priority)
+            key = self.cache.key(await sha256_hex(data), indices) if self.cache else ""
+            cached = await self.cache.get(key) if key else None
+            if cached is not None:
+                return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
             async with self.router.admit(lane, len(indices)) as reservation:
                 outcomes = await self._run_pages(source, info, indices, reservation, deadline)
         problems = [problem for _, problem in outcomes if problem]
         if len(problems) == len(outcomes):
             raise problems[0]
+        pages_out = [r.to_dict() for r, _ in outcomes]
+        if key and not problems:
+            await self.cache.put(key, pages_out)
         seconds = time.perf_counter() - started
         metrics.REQUEST_LATENCY_SECONDS.labels(lane).observe(seconds)
-        return self._assemble([r for r, _ in outcomes], lane, seconds)
+        return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
 
     async def _run_pages(self, source, info, indices, reservation: Reservation, deadline) -> list:
         tasks: list[asyncio.Task] = []
@@ -129,24 +175,6 @@ class OcrService:
             metrics.PAGES.labels("failed").inc()
             problem = page_problem(page.index, exc)
             return failed_page(page.index, problem), problem
-        engine_s = sum(result.timings.values())
-        metrics.ENGINE_SECONDS.observe(engine_s)
+        metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
         metrics.PAGES.labels("ok").inc()
-        result.timings = {
-            "queue_s": round(max(0.0, time.perf_counter() - queued - engine_s), 4),
-            "preprocess_s": round(page.preprocess_s, 4),
-            "engine_s": round(engine_s, 4),
-            **result.timings,
-        }
-        return result, None
-
-    def _assemble(self, results: list[PageResult], lane: str, seconds: float) -> dict:
-        failed = sum(1 for r in results if r.error)
-        return {
-            "id": uuid.uuid4().hex,
-            "model": self.router.engine.model,
-            "lane": lane,
-            "text": "\f".join(r.text for r in results),
-            "pages": [r.to_dict() for r in results],
-            "usage": {"pages": len(results) - failed, "seconds": round(seconds, 4)},
-        }
+        return with_timings(result, page, queued), None

@@ -9,11 +9,12 @@ import logging
 from fastapi import FastAPI
 
 from ocrserve import __version__, metrics
-from ocrserve.api import problems, routes
+from ocrserve.api import jobs, problems, routes
 from ocrserve.api.limits import BodyLimitMiddleware
 from ocrserve.api.observe import MetricsMiddleware
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
+from ocrserve.jobs.runtime import Jobs
 from ocrserve.preprocess import Preprocessor
 from ocrserve.router import Router
 from ocrserve.service import OcrService
@@ -35,7 +36,8 @@ async def _warm_up(app: FastAPI) -> None:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI):
-    """Start the engine in the background (``/readyz`` turns 200 when warm); stop it at exit."""
+    """Start the engine in the background (``/readyz`` turns 200 when warm) and the job system
+    (store, worker, webhooks, janitor); stop them at exit, the job worker first."""
     config: Config = app.state.config
     state = app.state
     state.preprocessor = Preprocessor(config.preprocess)
@@ -43,12 +45,16 @@ async def lifespan(app: FastAPI):
     state.engine_error = None
     state.router = Router(state.engine, config.router)
     state.router.start()
-    state.service = OcrService(config, state.preprocessor, state.router)
+    state.jobs = Jobs(config, state.preprocessor, state.router)
+    sync_cache = state.jobs.cache if config.store.cache_sync else None
+    state.service = OcrService(config, state.preprocessor, state.router, cache=sync_cache)
+    state.jobs.start()
     warm = asyncio.create_task(_warm_up(app))
     try:
         yield
     finally:
         warm.cancel()
+        await state.jobs.close()
         await state.router.close()
         metrics.ENGINE_READY.set(0)
         await state.engine.close()
@@ -66,6 +72,7 @@ def create_app(config: Config) -> FastAPI:
     app.state.config = config
     problems.install(app)
     app.include_router(routes.api)
+    app.include_router(jobs.api)
     app.include_router(routes.ops)
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(config.server.max_upload_mb * (1 << 20)))
     app.add_middleware(MetricsMiddleware)

@@ -135,7 +135,14 @@ async def ocr(request: Request) -> Response:
     image/* or application/pdf type. Optional ``pages`` (``1-3,5``), ``timeout`` (seconds),
     ``format`` (``json``, ``text``, ``markdown``) and ``priority`` (``interactive`` forces the fast
     lane, ``bulk`` the bulk lane) as form fields or query parameters.
+
+    ``X-Cache: hit`` when the answer came from the dedup cache. With ``Prefer: respond-async`` the
+    document becomes a job instead: 202 with ``Location: /v1/jobs/{id}`` (see ``POST /v1/jobs``).
     """
+    if "respond-async" in request.headers.get("prefer", ""):
+        from ocrserve.api.jobs import accept_job  # here, not at the top: ocrserve.api.jobs imports this module
+
+        return await accept_job(request)
     require_ready(request)
     data, params = await read_upload(request)
     timeout = parse_timeout(params.get("timeout"))
@@ -145,13 +152,15 @@ async def ocr(request: Request) -> Response:
     work = request.app.state.service.ocr(data, pages=params.get("pages"), priority=priority, deadline=deadline)
     try:
         async with asyncio.timeout(timeout):
-            result = await until_disconnect(request, work)
+            result, cached = await until_disconnect(request, work)
     except TimeoutError:
         raise DeadlinePassed(f"the document was not done within timeout={timeout:g} s") from None
-    return render(result, fmt)
+    response = render(result, fmt)
+    response.headers["X-Cache"] = "hit" if cached else "miss"
+    return response
 
 
-async def until_disconnect(request: Request, work: Awaitable[dict]) -> dict:
+async def until_disconnect(request: Request, work: Awaitable[tuple]) -> tuple:
     """Await ``work``, cancelling it (and so dropping its queued pages) if the client goes away.
 
     Raises:

@@ -1,4 +1,11 @@
-"""``ocrserve ocr``: send files to a running gateway, with a progress bar."""
+"""``ocrserve ocr``: send files to a running gateway, with a progress bar.
+
+Synchronously (``POST /v1/ocr``, one request per file), or with ``--async`` as durable jobs: every
+file is submitted first (``POST /v1/jobs``, with an ``Idempotency-Key`` from its sha256 and the
+parameters), then each job is followed over its Server-Sent Events (the bar counts pages) and its
+result written next to its input. Interrupted and run again, it skips the files whose results
+exist and finds the jobs of the others again instead of submitting them anew.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,20 @@ import json
 from pathlib import Path
 from typing import Annotated, Optional
 
+import httpx
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ocrserve.cli.common import err_console
-from ocrserve.client import OcrClient, RequestFailed, collect_documents
+from ocrserve.client import OcrClient, RequestFailed, collect_documents, idempotency_key
 
 SUFFIX = {"json": ".json", "text": ".txt", "markdown": ".md"}
+#: Job statuses whose result is worth writing (a partial one carries its failed pages' errors).
+WRITTEN = ("succeeded", "partial")
+
+
+class JobFailed(Exception):
+    """A job ended without a result to write (failed or cancelled)."""
 
 
 def _output_path(doc: Path, out: Path, fmt: str) -> Path:
@@ -28,8 +42,7 @@ async def _run(docs: list[Path], url: str, fmt: str, out: Optional[Path], concur
                api_key: Optional[str], pages: Optional[str]) -> dict[Path, str | Exception]:
     outcomes: dict[Path, str | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
-    columns = (TextColumn("[bold]OCR"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
-    with Progress(*columns, console=err_console) as progress:
+    with _progress() as progress:
         task = progress.add_task("", total=len(docs))
         async with OcrClient(url, api_key=api_key) as client:
 
@@ -48,6 +61,70 @@ async def _run(docs: list[Path], url: str, fmt: str, out: Optional[Path], concur
     return outcomes
 
 
+def _progress() -> Progress:
+    columns = (TextColumn("[bold]OCR"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    return Progress(*columns, console=err_console)
+
+
+async def _run_jobs(docs: list[Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
+                    api_key: Optional[str], pages: Optional[str], priority: Optional[int]) -> dict[Path, str | Exception]:
+    """Submit every document as a job, then follow each and write its result; returns what happened
+    to each (``"written"``, ``"skipped"``, or the exception)."""
+    outcomes: dict[Path, str | Exception] = {}
+    todo = []
+    for doc in docs:
+        if _output_path(doc, out or doc.parent, fmt).exists():
+            outcomes[doc] = "skipped"
+        else:
+            todo.append(doc)
+    limit = asyncio.Semaphore(concurrency)
+    with _progress() as progress:
+        bar = progress.add_task("submitting", total=0)
+        async with OcrClient(url, api_key=api_key) as client:
+
+            async def submit(doc: Path) -> str | None:
+                async with limit:
+                    try:
+                        key = await asyncio.to_thread(idempotency_key, doc, pages=pages, priority=priority)
+                        status = await client.submit_job(doc, pages=pages, priority=priority, key=key)
+                    except (RequestFailed, OSError, httpx.HTTPError) as exc:
+                        outcomes[doc] = exc
+                        return None
+                    progress.update(bar, total=progress.tasks[bar].total + status["pages_total"])
+                    return status["id"]
+
+            async def follow(doc: Path, job_id: str) -> None:
+                async with limit:
+                    try:
+                        await _follow(client, doc, job_id, fmt, out, lambda: progress.advance(bar))
+                        outcomes[doc] = "written"
+                    except (RequestFailed, JobFailed, OSError, httpx.HTTPError) as exc:
+                        outcomes[doc] = exc
+                    progress.update(bar, description=doc.name)
+
+            job_ids = await asyncio.gather(*(submit(d) for d in todo))
+            progress.update(bar, description="")
+            await asyncio.gather(*(follow(d, j) for d, j in zip(todo, job_ids) if j))
+    return outcomes
+
+
+async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, out: Optional[Path], advance) -> None:
+    """Follow one job's events to its end, then write its result next to ``doc`` (or in ``out``)."""
+    final: dict = {}
+    async for event, data in client.job_events(job_id):
+        if event == "page":
+            advance()
+        elif event == "done":
+            final = data
+    if final.get("status") not in WRITTEN:
+        raise JobFailed(f"job {job_id} ended {final.get('status')}: {final.get('errors') or 'no result'}")
+    result = await client.job_result(job_id, fmt=fmt)
+    _output_path(doc, out or doc.parent, fmt).write_text(_serialize(result), encoding="utf-8")
+    if final["status"] == "partial":
+        err_console.print(f"[yellow]partial[/yellow] {doc}: {final['pages_failed']} page(s) failed")
+
+
 def ocr(
     paths: Annotated[list[Path], typer.Argument(help="Files or directories (searched recursively).")],
     url: Annotated[str, typer.Option(envvar="OCRSERVE_URL", help="Gateway base URL.")] = "http://127.0.0.1:8000",
@@ -56,6 +133,11 @@ def ocr(
     pages: Annotated[Optional[str], typer.Option(help="Page ranges, e.g. 1-3,5.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Documents in flight at once.")] = 4,
     api_key: Annotated[Optional[str], typer.Option(envvar="OCRSERVE_API_KEY", help="API key, if the server wants one.")] = None,
+    async_: Annotated[bool, typer.Option(
+        "--async", help="Submit durable jobs, follow their progress, write each result next to its input (or in "
+                        "--out); run again to resume: finished files are skipped, submitted ones not resubmitted.",
+    )] = False,
+    priority: Annotated[Optional[int], typer.Option(min=0, help="With --async: job priority (higher runs first).")] = None,
 ) -> None:
     """OCR files through a running gateway (start one with `ocrserve launch`).
 
@@ -66,6 +148,8 @@ def ocr(
         ocrserve ocr scans/ --format json --out results/
 
         ocrserve ocr report.pdf --pages 1-3 --format markdown --url http://ocr.internal:8000
+
+        ocrserve ocr archive/ --async --format markdown      # archive/a.pdf -> archive/a.pdf.md
     """
     if format not in SUFFIX:
         err_console.print(f"[red]error:[/red] --format must be one of {', '.join(SUFFIX)}")
@@ -80,6 +164,8 @@ def ocr(
         raise typer.Exit(2)
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    if async_:
+        _report_jobs(asyncio.run(_run_jobs(docs, url, format, out, concurrency, api_key, pages, priority)))
     outcomes = asyncio.run(_run(docs, url, format, out, concurrency, api_key, pages))
     failed = {d: o for d, o in outcomes.items() if isinstance(o, Exception)}
     if not out:
@@ -92,4 +178,15 @@ def ocr(
         err_console.print(f"[red]failed[/red] {doc}: {exc}")
     if out:
         err_console.print(f"wrote {len(docs) - len(failed)} result(s) to {out}")
+    raise typer.Exit(1 if failed else 0)
+
+
+def _report_jobs(outcomes: dict[Path, str | Exception]) -> None:
+    """Print what ``--async`` did and exit: 1 if any file failed."""
+    failed = {d: o for d, o in outcomes.items() if isinstance(o, Exception)}
+    for doc, exc in failed.items():
+        err_console.print(f"[red]failed[/red] {doc}: {exc}")
+    written = sum(1 for o in outcomes.values() if o == "written")
+    skipped = sum(1 for o in outcomes.values() if o == "skipped")
+    err_console.print(f"wrote {written} result(s), skipped {skipped} already done, {len(failed)} failed")
     raise typer.Exit(1 if failed else 0)

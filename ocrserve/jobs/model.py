@@ -1,0 +1,193 @@
+"""What the job store keeps: jobs, their documents, their pages (the unit of work) and outcomes.
+
+A job holds one or more documents; each selected page of each document is one *page task*,
+numbered ``seq`` 0..pages_total-1 across the job (documents in order, pages in order). Times are
+Unix seconds (``time.time()``; the Redis store uses the server's clock), so that every gateway
+sharing a store agrees on leases and retention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ocrserve.preprocess import DocumentInfo
+
+QUEUED, RUNNING = "queued", "running"
+SUCCEEDED, FAILED, PARTIAL, CANCELLED = "succeeded", "failed", "partial", "cancelled"
+#: Statuses a job never leaves.
+TERMINAL = frozenset({SUCCEEDED, FAILED, PARTIAL, CANCELLED})
+#: Page states: waiting (or waiting to be retried), claimed, and the three final ones.
+PAGE_QUEUED, PAGE_RUNNING, PAGE_DONE, PAGE_FAILED, PAGE_CANCELLED = "queued", "running", "done", "failed", "cancelled"
+
+
+def page_event(seq: int, document: int, index: int, outcome: "PageOutcome") -> dict:
+    """The event a finished page appends to its job's log; the store adds ``pages_done`` (pages
+    finished so far, this one included) and ``pages_total``."""
+    event = {"page": seq, "document": document, "index": index, "state": outcome.state}
+    if outcome.error:
+        event["error"] = outcome.error
+    return event
+
+
+def final_status(pages_ok: int, pages_failed: int) -> str:
+    """The status of a job whose every page has finished."""
+    if not pages_failed:
+        return SUCCEEDED
+    return FAILED if not pages_ok else PARTIAL
+
+
+@dataclass
+class Document:
+    """One uploaded document of a job, as inspected at submission.
+
+    Attributes:
+        name: the file name the client sent.
+        sha256: hex digest of the file's bytes.
+        size: bytes.
+        kind, page_count, sizes, frames: its :class:`~ocrserve.preprocess.DocumentInfo`.
+        indices: the 0-based pages selected (``pages`` parameter), in order.
+        cache_key: its dedup-cache key (see ``ocrserve.jobs.cache``), or "" with the cache off.
+        cached: True when its results came from the dedup cache at submission.
+    """
+
+    name: str
+    sha256: str
+    size: int
+    kind: str
+    page_count: int
+    sizes: list[list[int]]
+    frames: list[int]
+    indices: list[int]
+    cache_key: str = ""
+    cached: bool = False
+
+    @classmethod
+    def from_info(cls, name: str, sha256: str, size: int, info: DocumentInfo, indices: list[int],
+                  cache_key: str = "") -> "Document":
+        """A document record from what the preprocessor learned about it."""
+        return cls(name, sha256, size, info.kind, info.page_count, [list(s) for s in info.sizes],
+                   list(info.frames), list(indices), cache_key)
+
+    def info(self) -> DocumentInfo:
+        """The :class:`~ocrserve.preprocess.DocumentInfo` to decode its pages with."""
+        return DocumentInfo(self.kind, self.page_count, tuple(tuple(s) for s in self.sizes), tuple(self.frames))
+
+
+@dataclass
+class Job:
+    """A job as the store keeps it.
+
+    Attributes:
+        id: 32 hex digits.
+        status: queued, running, succeeded, failed, partial or cancelled.
+        priority: 0..``jobs.max_priority``; pages of higher-priority jobs are claimed first.
+        created, finished: Unix seconds (``finished`` 0 while the job runs).
+        documents: the uploads, in the order they were sent.
+        model: the engine's model id when the job was accepted.
+        webhook_url: called when the job ends ("" for none).
+        request_hash: sha256 of the request (files and parameters), for ``Idempotency-Key``.
+        pages_ok, pages_failed: finished pages by outcome, each counted once.
+    """
+
+    id: str
+    status: str
+    priority: int
+    created: float
+    documents: list[Document]
+    model: str
+    webhook_url: str = ""
+    request_hash: str = ""
+    pages_ok: int = 0
+    pages_failed: int = 0
+    finished: float = 0.0
+
+    @property
+    def pages_total(self) -> int:
+        """Pages in the job, across its documents."""
+        return sum(len(d.indices) for d in self.documents)
+
+    @property
+    def pages_done(self) -> int:
+        """Pages finished, whatever their outcome."""
+        return self.pages_ok + self.pages_failed
+
+    @property
+    def terminal(self) -> bool:
+        """True once the job will not change any more."""
+        return self.status in TERMINAL
+
+    def page_refs(self) -> list[tuple[int, int]]:
+        """``(document, page index)`` of each ``seq``, in order."""
+        return [(d, i) for d, doc in enumerate(self.documents) for i in doc.indices]
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict the stores persist (``from_json`` restores it)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Job":
+        """The job :meth:`to_json` wrote."""
+        return cls(**{**data, "documents": [Document(**d) for d in data["documents"]]})
+
+
+@dataclass
+class PageTask:
+    """A claimed page: the worker holds it until ``lease_until`` unless it renews the lease.
+
+    Attributes:
+        job_id, seq: which page of which job.
+        document, index: its document (0-based, within the job) and page within that document.
+        attempts: claims of this page so far, this one included.
+        token: this claim's random id; renewals and retries must present it.
+    """
+
+    job_id: str
+    seq: int
+    document: int
+    index: int
+    attempts: int
+    token: str
+
+
+@dataclass
+class PageOutcome:
+    """How a page ended: ``done`` with its result file, or ``failed`` with a problem object."""
+
+    state: str
+    result_path: str = ""
+    error: dict | None = None
+
+
+@dataclass
+class PageRecord:
+    """A page of a job as the store reports it (for results and status)."""
+
+    seq: int
+    document: int
+    index: int
+    state: str
+    attempts: int = 0
+    result_path: str = ""
+    error: dict | None = None
+
+
+@dataclass
+class Completion:
+    """What :meth:`JobStore.complete` did.
+
+    Attributes:
+        counted: True when this call finished the page (False: it was already finished, or the job
+            was cancelled; the caller's result is discarded).
+        ended: the job's final status when this completion finished the job, else "".
+    """
+
+    counted: bool
+    ended: str = ""
+
+
+@dataclass
+class Event:
+    """One entry of a job's event log: a page finished (``id`` counts from 1)."""
+
+    id: int
+    data: dict = field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""The job system of one gateway, wired together: store, data folder, dedup cache, intake, worker,
+webhook sender and janitor, started and stopped with the app (``ocrserve.api.app``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from ocrserve import metrics
+from ocrserve.config import Config
+from ocrserve.jobs.cache import DedupCache
+from ocrserve.jobs.files import DataDir
+from ocrserve.jobs.intake import Intake
+from ocrserve.jobs.janitor import Janitor
+from ocrserve.jobs.model import CANCELLED, PAGE_DONE, Job
+from ocrserve.jobs.store import open_store
+from ocrserve.jobs.webhooks import WebhookSender
+from ocrserve.jobs.worker import Worker
+from ocrserve.preprocess import Preprocessor
+from ocrserve.router import Router
+
+log = logging.getLogger(__name__)
+
+
+class Jobs:
+    """Everything durable jobs need in one gateway.
+
+    Args:
+        config: the profile (``store``, ``jobs``, ``preprocess``).
+        preprocessor, router: the app's own.
+
+    Raises:
+        OSError: ``store.data_dir`` cannot be created.
+        ValueError: a ``store.url`` of unknown form.
+    """
+
+    def __init__(self, config: Config, preprocessor: Preprocessor, router: Router):
+        self.config = config
+        self.store = open_store(config.store)
+        self.data = DataDir(config.store.data_dir)
+        self.cache = DedupCache(self.store, self.data, config.store.cache_entries, router.engine.model,
+                                config.preprocess)
+        self.webhooks = WebhookSender(self.store, config.jobs)
+        self.worker = Worker(self.store, self.data, preprocessor, router, config.jobs,
+                             owner=f"{socket.gethostname()}/{os.getpid()}", on_end=self._ended)
+        self.janitor = Janitor(self.store, self.data, config.jobs)
+        self.intake = Intake(config, self.store, self.data, self.cache, preprocessor, router.engine.model,
+                             on_submit=self.worker.wake)
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        """Start the worker, the webhook sender and the janitor on the running loop."""
+        self._tasks = [asyncio.create_task(coro, name=f"ocrserve-jobs-{name}") for name, coro in (
+            ("worker", self.worker.run()), ("webhooks", self.webhooks.run()), ("janitor", self.janitor.run()))]
+
+    async def close(self) -> None:
+        """Stop them (pages held go back to the queue) and close the store."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.store.close()
+
+    async def cancel(self, job_id: str) -> Job | None:
+        """Cancel a job everywhere: in the store, and this worker's pages of it at once (other
+        gateways drop theirs at their next heartbeat)."""
+        job = await self.store.cancel(job_id)
+        self.worker.drop_job(job_id)
+        if job is not None and job.status == CANCELLED:
+            metrics.JOBS_FINISHED.labels(CANCELLED).inc()
+            self.webhooks.wake()
+        return job
+
+    async def _ended(self, job_id: str, status: str) -> None:
+        """A page finished here ended its job: count it, cache its whole documents, send its webhook."""
+        metrics.JOBS_FINISHED.labels(status).inc()
+        self.webhooks.wake()
+        try:
+            await self._cache_documents(job_id)
+        except Exception:
+            log.warning("job %s: results not cached", job_id, exc_info=True)
+
+    async def _cache_documents(self, job_id: str) -> None:
+        job = await self.store.get(job_id)
+        if job is None or not self.cache.enabled:
+            return
+        records = await self.store.pages(job_id)
+        for number, document in enumerate(job.documents):
+            mine = [r for r in records if r.document == number]
+            if all(r.state == PAGE_DONE for r in mine):
+                pages = await asyncio.to_thread(lambda: [self.data.read_json(r.result_path) for r in mine])
+                await self.cache.put(document.cache_key, pages)

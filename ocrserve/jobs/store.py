@@ -1,0 +1,182 @@
+"""The job store interface, and :func:`open_store` to pick an implementation from ``store.url``.
+
+Pages are the unit of work. A worker *claims* pages (:meth:`JobStore.claim`): each claim carries a
+lease (visibility timeout) the worker renews while it works (:meth:`JobStore.renew`); a page whose
+lease runs out (its claimant died) is handed out again. Delivery is therefore at least once, but
+:meth:`JobStore.complete` is conditional, so each page is counted, logged as an event and put in
+the result exactly once. Transient failures go back to the queue after a backoff
+(:meth:`JobStore.retry_later`).
+
+Implementations: :class:`~ocrserve.jobs.store_sqlite.SqliteStore` (one file, WAL; the embedded
+default) and :class:`~ocrserve.jobs.store_redis.RedisStore` (several gateways sharing the work).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+from ocrserve.config import StoreConfig
+from ocrserve.errors import Problem
+from ocrserve.jobs.model import Completion, Event, Job, PageOutcome, PageRecord, PageTask
+
+
+class IdempotencyConflict(Problem):
+    """409: the ``Idempotency-Key`` was used before with a different request."""
+
+    status = 409
+    slug = "idempotency-conflict"
+    title = "Idempotency key reused"
+
+
+class JobStore(abc.ABC):
+    """Durable jobs, pages, leases, events, idempotency keys and the dedup-cache index.
+
+    Every method is a coroutine; every multi-step change is atomic (a transaction or a script).
+    """
+
+    @abc.abstractmethod
+    async def create(self, job: Job, idempotency_key: str = "",
+                     finished: dict[int, PageOutcome] | None = None) -> tuple[Job, bool]:
+        """Store a new job with its pages queued.
+
+        Args:
+            job: the job (status ``queued``).
+            idempotency_key: when set and seen before with the same ``job.request_hash``, the
+                earlier job is returned instead.
+            finished: outcomes of pages already known (dedup-cache hits), by ``seq``; they are
+                finished at once, with their events. A job finished entirely ends here.
+
+        Returns:
+            ``(job, created)``: the stored job, and False when it is an earlier one.
+
+        Raises:
+            IdempotencyConflict: the key was used with a different request.
+        """
+
+    @abc.abstractmethod
+    async def get(self, job_id: str) -> Job | None:
+        """The job, or None if unknown (or deleted by retention)."""
+
+    @abc.abstractmethod
+    async def pages(self, job_id: str) -> list[PageRecord]:
+        """Every page of the job, in ``seq`` order."""
+
+    @abc.abstractmethod
+    async def claim(self, owner: str, limit: int, lease_s: float) -> list[PageTask]:
+        """Claim up to ``limit`` pages: queued ones whose retry time has come, and running ones
+        whose lease expired; pages of higher-priority jobs first, then older jobs, then in order.
+
+        Args:
+            owner: the claiming worker (for logs and status).
+            lease_s: seconds until the claim lapses unless renewed.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, tasks: list[PageTask], lease_s: float) -> list[PageTask]:
+        """Extend the leases of ``tasks`` by ``lease_s`` from now.
+
+        Returns:
+            The tasks that are no longer this worker's to run: re-claimed by another worker after a
+            lapse, finished, or cancelled with their job. Their work should stop.
+        """
+
+    @abc.abstractmethod
+    async def complete(self, task: PageTask, outcome: PageOutcome) -> Completion:
+        """Finish a page, if nobody has yet: count it, append its event, end the job after its last page.
+
+        Whoever finishes first wins, whether or not its lease is still current; a later completion of
+        the same page (or one of a cancelled job) is not counted.
+        """
+
+    @abc.abstractmethod
+    async def retry_later(self, task: PageTask, delay_s: float) -> bool:
+        """Put a claimed page back in the queue, claimable again after ``delay_s`` seconds.
+
+        Returns:
+            False when the claim was no longer current (nothing changed).
+        """
+
+    @abc.abstractmethod
+    async def release(self, task: PageTask) -> bool:
+        """Give a claimed page back unworked (shutdown): queued at once, this attempt not counted."""
+
+    @abc.abstractmethod
+    async def cancel(self, job_id: str) -> Job | None:
+        """Cancel a job that has not ended: its unfinished pages will not be handed out.
+
+        Returns:
+            The job after the call (unchanged if it had already ended), or None if unknown.
+        """
+
+    @abc.abstractmethod
+    async def events(self, job_id: str, after: int = 0) -> list[Event]:
+        """The job's page events with ``id > after``, in order."""
+
+    @abc.abstractmethod
+    async def claim_webhook(self, lease_s: float) -> Job | None:
+        """An ended job whose webhook is due and not being sent by someone else (leased for
+        ``lease_s``), or None."""
+
+    @abc.abstractmethod
+    async def webhook_done(self, job_id: str) -> None:
+        """The job's webhook was delivered or given up: never send it again."""
+
+    @abc.abstractmethod
+    async def expired(self, before: float, limit: int = 100) -> list[str]:
+        """Ids of jobs that ended before ``before`` (Unix seconds), oldest first."""
+
+    @abc.abstractmethod
+    async def delete(self, job_id: str) -> None:
+        """Forget the job: its pages, events and idempotency key."""
+
+    @abc.abstractmethod
+    async def cache_touch(self, key: str) -> bool:
+        """Mark a dedup-cache entry as just used; False if the cache has no such entry."""
+
+    @abc.abstractmethod
+    async def cache_add(self, key: str, max_entries: int) -> list[str]:
+        """Index a dedup-cache entry as just used, evicting least recently used ones beyond
+        ``max_entries``.
+
+        Returns:
+            The evicted keys (their files are the caller's to delete).
+        """
+
+    @abc.abstractmethod
+    async def backlog(self) -> int:
+        """Pages waiting to be claimed or running, across all jobs."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+
+def sqlite_path(url: str, data_dir: Path) -> Path:
+    """The database file of a ``sqlite:///`` URL (relative after three slashes, absolute after four);
+    an empty URL means ``<data_dir>/jobs.db``.
+
+    Raises:
+        ValueError: a URL of another scheme, or without a path.
+    """
+    if not url:
+        return data_dir / "jobs.db"
+    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+        raise ValueError(f"store.url={url!r}: expected sqlite:///path.db or redis://host:port/db")
+    return Path(url[len("sqlite:///"):])
+
+
+def open_store(cfg: StoreConfig) -> JobStore:
+    """The store ``cfg.url`` names (created on first use).
+
+    Raises:
+        ValueError: an unknown URL scheme (the message names ``store.url``).
+        ImportError: a redis:// URL without redis-py installed (``pip install 'ocrserve[redis]'``).
+    """
+    if cfg.url.startswith(("redis://", "rediss://", "unix://")):
+        from ocrserve.jobs.store_redis import RedisStore
+
+        return RedisStore(cfg.url, prefix=cfg.key_prefix)
+    from ocrserve.jobs.store_sqlite import SqliteStore
+
+    return SqliteStore(sqlite_path(cfg.url, cfg.data_dir))

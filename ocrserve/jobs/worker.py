@@ -1,0 +1,236 @@
+"""The job worker of one gateway: claims pages from the store and runs them through the router.
+
+One claim loop and one heartbeat loop per gateway:
+
+- **claim**: while this worker holds fewer than ``jobs.concurrency`` pages, it first reserves room
+  in the router's bulk lane (``router.admit("bulk", 1)``; when the lane is full it waits
+  ``jobs.poll_interval_s`` and tries again; a page is never failed for that), then claims one page
+  (higher-priority jobs first). The page is decoded from the stored upload by the app's
+  :class:`~ocrserve.preprocess.Preprocessor`, submitted with :meth:`~ocrserve.router.Router.submit`,
+  its result written to the data folder and the page completed in the store.
+- **heartbeat**: every third of ``jobs.lease_s`` it renews the leases of the pages it holds; a
+  page it has lost (cancelled, or re-claimed by another gateway after a stall) is abandoned, which
+  drops it from the router's queue if it has not reached the engine.
+
+Failures: a transient one (``PageError.transient``, the engine unavailable, a deadline passed in
+the queue, an unexpected engine exception) sends the page back to the queue after
+``retry_backoff_s * 2**(attempts-1)`` (at most ``retry_backoff_max_s``) until ``jobs.max_attempts``
+claims; then, or at once for a permanent failure (an undecodable or too-large page), the page
+fails. Claims cut short by a crash count as attempts too, so a page that kills its gateway
+cannot do so forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from ocrserve import metrics
+from ocrserve.config import JobsConfig
+from ocrserve.engines.base import PageError
+from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Overloaded, Problem
+from ocrserve.jobs.files import DataDir
+from ocrserve.jobs.model import PAGE_DONE, PAGE_FAILED, Document, PageOutcome, PageTask
+from ocrserve.jobs.store import JobStore
+from ocrserve.pages import Page
+from ocrserve.preprocess import PageFailure, Preprocessor
+from ocrserve.router import BULK, Reservation, Router
+from ocrserve.service import page_problem, with_timings
+
+log = logging.getLogger(__name__)
+#: Seconds between checks that the engine is ready, before the first claim.
+READY_POLL_S = 0.2
+
+
+def retry_delay(attempts: int, cfg: JobsConfig) -> float:
+    """Seconds a page waits before its next try after ``attempts`` claims (exponential, capped)."""
+    return min(cfg.retry_backoff_s * 2 ** (attempts - 1), cfg.retry_backoff_max_s)
+
+
+class Worker:
+    """Runs job pages in this gateway (see the module docstring).
+
+    Args:
+        store, data: the job store and data folder.
+        preprocessor, router: the app's own, shared with synchronous requests.
+        cfg: the ``jobs`` section.
+        owner: this worker's name in the store (host, process).
+        on_end: awaited with ``(job_id, status)`` when a completion here ends a job.
+    """
+
+    def __init__(self, store: JobStore, data: DataDir, preprocessor: Preprocessor, router: Router, cfg: JobsConfig,
+                 owner: str, on_end: Callable[[str, str], Awaitable[None]]):
+        self.store = store
+        self.data = data
+        self.preprocessor = preprocessor
+        self.router = router
+        self.cfg = cfg
+        self.owner = owner
+        self.on_end = on_end
+        self.concurrency = cfg.concurrency or 2 * router.capacity
+        self._room = asyncio.Semaphore(self.concurrency)
+        self._active: dict[asyncio.Task, PageTask] = {}
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Work was submitted here: claim now rather than at the next poll."""
+        self._wake.set()
+
+    def drop_job(self, job_id: str) -> None:
+        """Abandon this worker's pages of a cancelled job (queued ones never reach the engine)."""
+        for task, claim in list(self._active.items()):
+            if claim.job_id == job_id:
+                task.cancel()
+
+    async def run(self) -> None:
+        """Claim and run pages until cancelled; then give back the pages not finished."""
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            while not self.router.engine.ready:
+                await asyncio.sleep(READY_POLL_S)
+            while True:
+                await self._room.acquire()
+                try:
+                    claim, reservation, admission = await self._next_page()
+                except BaseException:
+                    self._room.release()
+                    raise
+                task = asyncio.create_task(self._run(claim, reservation, admission))
+                self._active[task] = claim
+                metrics.JOB_PAGES_IN_FLIGHT.set(len(self._active))
+                task.add_done_callback(self._finished)
+        finally:
+            heartbeat.cancel()
+            for task in list(self._active):
+                task.cancel()
+            await asyncio.gather(heartbeat, *self._active, return_exceptions=True)
+
+    async def _next_page(self) -> tuple[PageTask, Reservation, contextlib.AsyncExitStack]:
+        """Wait for room in the bulk lane, then for a page to claim."""
+        while True:
+            admission = contextlib.AsyncExitStack()
+            try:
+                reservation = await admission.enter_async_context(self.router.admit(BULK, 1))
+            except Overloaded:
+                metrics.JOB_ADMISSION_WAITS.inc()
+                await asyncio.sleep(self.cfg.poll_interval_s)
+                continue
+            try:
+                claimed = await self.store.claim(self.owner, 1, self.cfg.lease_s)
+            except Exception:
+                log.warning("cannot claim pages from the job store", exc_info=True)
+                claimed = []
+            except BaseException:
+                await admission.aclose()
+                raise
+            if claimed:
+                metrics.JOB_CLAIMS.labels("first" if claimed[0].attempts == 1 else "again").inc()
+                return claimed[0], reservation, admission
+            await admission.aclose()
+            await self._idle()
+
+    async def _idle(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.cfg.poll_interval_s)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._active.pop(task, None)
+        self._room.release()
+        metrics.JOB_PAGES_IN_FLIGHT.set(len(self._active))
+        if not task.cancelled() and task.exception():
+            log.error("job page crashed", exc_info=task.exception())
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_s / 3)
+            held = dict(self._active)
+            try:
+                lost = await self.store.renew(list(held.values()), self.cfg.lease_s)
+                metrics.JOB_BACKLOG.set(await self.store.backlog())
+            except Exception:
+                log.warning("cannot renew leases in the job store", exc_info=True)
+                continue
+            for task, claim in held.items():
+                if claim in lost:
+                    task.cancel()
+
+    async def _run(self, claim: PageTask, reservation: Reservation, admission: contextlib.AsyncExitStack) -> None:
+        """One page, from claim to completion; gives the claim back if cancelled before the end."""
+        async with admission:
+            try:
+                await self._work(claim, reservation)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self.store.release(claim)  # no-op when the claim was lost or cancelled
+                raise
+
+    async def _work(self, claim: PageTask, reservation: Reservation) -> None:
+        job = await self.store.get(claim.job_id)
+        if job is None or job.terminal:
+            return  # cancelled (or deleted) after the claim
+        if claim.attempts > self.cfg.max_attempts:  # earlier claims died with their gateway
+            result, problem, transient = None, EngineFailed(
+                f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"), False
+        else:
+            result, problem, transient = await self._attempt(claim, job.documents[claim.document], reservation)
+        if problem is not None and transient and claim.attempts < self.cfg.max_attempts:
+            if await self.store.retry_later(claim, retry_delay(claim.attempts, self.cfg)):
+                metrics.JOB_PAGES.labels("retried").inc()
+            return
+        if problem is None:
+            path = await asyncio.to_thread(self.data.write_page, claim.job_id, claim.seq, claim.token, result)
+            outcome = PageOutcome(PAGE_DONE, path)
+        else:
+            error = problem.to_dict() | {"attempts": claim.attempts}
+            outcome = PageOutcome(PAGE_FAILED, error=error)
+        completion = await self.store.complete(claim, outcome)
+        if not completion.counted:
+            metrics.JOB_PAGES.labels("duplicate").inc()
+            if outcome.result_path:
+                await asyncio.to_thread(self.data.remove, outcome.result_path)
+            return
+        metrics.JOB_PAGES.labels(outcome.state).inc()
+        metrics.PAGES.labels("ok" if problem is None else "failed").inc()
+        if completion.ended:
+            await self.on_end(claim.job_id, completion.ended)
+
+    async def _attempt(self, claim: PageTask, document: Document,
+                       reservation: Reservation) -> tuple[dict | None, Problem | None, bool]:
+        """Decode and OCR one page: ``(result, None, False)``, or ``(None, problem, transient)``."""
+        try:
+            page = await self._decode(self.data.upload_path(claim.job_id, claim.document), document, claim.index)
+        except Problem as problem:
+            return None, problem, False
+        if isinstance(page, PageFailure):
+            return None, page.problem, False
+        metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
+        queued = time.perf_counter()
+        try:
+            result = await self.router.submit(page, reservation)
+        except PageError as exc:
+            return None, page_problem(claim.index, exc), exc.transient
+        except (DeadlinePassed, EngineUnavailable) as problem:
+            return None, problem, True
+        except Exception as exc:  # an engine bug or a lost connection: worth another try
+            log.warning("job %s page %d: engine raised", claim.job_id, claim.seq, exc_info=True)
+            return None, EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}"), True
+        metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
+        return with_timings(result, page, queued).to_dict(), None, False
+
+    async def _decode(self, source: Path, document: Document, index: int) -> Page | PageFailure:
+        """The page ``index`` of a stored upload, or its :class:`PageFailure`.
+
+        Raises:
+            Problem: the document itself cannot be opened any more (415).
+        """
+        chunks = self.preprocessor.pages(source, document.info(), [index])
+        async with contextlib.aclosing(chunks):
+            (page,) = await anext(chunks)
+        return page

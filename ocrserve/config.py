@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "OCRSERVE_"
@@ -202,6 +202,11 @@ class StoreConfig(Section):
         False, description="Answer synchronous POST /v1/ocr from the dedup cache too (jobs always use it); off by "
                            "default so that load tests and benchmarks measure the engine",
     )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand_home(cls, path: Path) -> Path:
+        return path.expanduser()
 
 
 class JobsConfig(Section):

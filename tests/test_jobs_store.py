@@ -8,6 +8,7 @@ import asyncio
 import secrets
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,7 @@ from tests.redis_server import redis_url  # noqa: F401  (fixture)
 LEASE = 30.0
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 async def store(request, tmp_path):
     if request.param == "sqlite":
         s = open_store(StoreConfig(data_dir=tmp_path))
@@ -199,6 +200,7 @@ async def test_cache_index_is_lru(store):
 
 
 def test_store_url_forms(tmp_path):
+    assert StoreConfig(data_dir="~/jobs").data_dir == Path.home() / "jobs"
     assert open_store(StoreConfig(url="sqlite:///rel/jobs.db", data_dir=tmp_path)).path.as_posix() == "rel/jobs.db"
     assert open_store(StoreConfig(url="sqlite:////abs/jobs.db", data_dir=tmp_path)).path.as_posix() == "/abs/jobs.db"
     with pytest.raises(ValueError, match="store.url"):

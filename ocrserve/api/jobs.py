@@ -100,7 +100,7 @@ async def accept_job(request: Request) -> JSONResponse:
     headers = {"Location": f"/v1/jobs/{submission.job.id}", "X-Cache": "hit" if submission.cached else "miss"}
     if not submission.created:
         headers["Idempotent-Replayed"] = "true"
-    if request.headers.get("prefer"):
+    if "respond-async" in request.headers.get("prefer", ""):
         headers["Preference-Applied"] = "respond-async"
     return JSONResponse(await job_status(jobs.store, submission.job), status_code=202, headers=headers)
 

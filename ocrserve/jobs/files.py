@@ -34,7 +34,7 @@ class DataDir:
     """
 
     def __init__(self, root: Path):
-        self.root = Path(root).expanduser()
+        self.root = Path(root)
         for sub in ("staging", "jobs", "cache"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 

@@ -13,11 +13,13 @@ One claim loop and one heartbeat loop per gateway:
   drops it from the router's queue if it has not reached the engine.
 
 Failures: a transient one (``PageError.transient``, the engine unavailable, a deadline passed in
-the queue, an unexpected engine exception) sends the page back to the queue after
+the queue, an unexpected exception) sends the page back to the queue after
 ``retry_backoff_s * 2**(attempts-1)`` (at most ``retry_backoff_max_s``) until ``jobs.max_attempts``
 claims; then, or at once for a permanent failure (an undecodable or too-large page), the page
 fails. Claims cut short by a crash count as attempts too, so a page that kills its gateway
-cannot do so forever.
+cannot do so forever. An unexpected exception (the decoding processes gone, an engine bug) also
+pauses this worker's claims, doubling while it recurs, so a broken gateway does not spend the
+attempts of every page in a shared store.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ocrserve.router import BULK, Reservation, Router
 from ocrserve.service import page_problem, with_timings
 
 log = logging.getLogger(__name__)
-#: Seconds between checks that the engine is ready, before the first claim.
+#: Seconds between checks that the engine is ready again, before a claim.
 READY_POLL_S = 0.2
 
 
@@ -75,10 +77,18 @@ class Worker:
         self._room = asyncio.Semaphore(self.concurrency)
         self._active: dict[asyncio.Task, PageTask] = {}
         self._wake = asyncio.Event()
+        self._pause_s = 0.0  # current pause after unexpected failures; 0 once a page succeeds
+        self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
 
     def wake(self) -> None:
         """Work was submitted here: claim now rather than at the next poll."""
         self._wake.set()
+
+    def _pause(self) -> None:
+        """Stop claiming for a while after an unexpected failure (``retry_backoff_s``, doubling up to
+        ``retry_backoff_max_s``), so that a broken gateway spends few pages' attempts."""
+        self._pause_s = min(self._pause_s * 2 or self.cfg.retry_backoff_s, self.cfg.retry_backoff_max_s)
+        self._paused_until = time.monotonic() + self._pause_s
 
     def drop_job(self, job_id: str) -> None:
         """Abandon this worker's pages of a cancelled job (queued ones never reach the engine)."""
@@ -90,8 +100,6 @@ class Worker:
         """Claim and run pages until cancelled; then give back the pages not finished."""
         heartbeat = asyncio.create_task(self._heartbeat())
         try:
-            while not self.router.engine.ready:
-                await asyncio.sleep(READY_POLL_S)
             while True:
                 await self._room.acquire()
                 try:
@@ -110,8 +118,13 @@ class Worker:
             await asyncio.gather(heartbeat, *self._active, return_exceptions=True)
 
     async def _next_page(self) -> tuple[PageTask, Reservation, contextlib.AsyncExitStack]:
-        """Wait for room in the bulk lane, then for a page to claim."""
+        """Wait for a ready engine (pages are not spent on one known to be down or loading), for
+        room in the bulk lane, then for a page to claim."""
         while True:
+            if (paused := self._paused_until - time.monotonic()) > 0:
+                await asyncio.sleep(paused)
+            while not self.router.engine.ready:
+                await asyncio.sleep(READY_POLL_S)
             admission = contextlib.AsyncExitStack()
             try:
                 reservation = await admission.enter_async_context(self.router.admit(BULK, 1))
@@ -175,21 +188,36 @@ class Worker:
         job = await self.store.get(claim.job_id)
         if job is None or job.terminal:
             return  # cancelled (or deleted) after the claim
-        if claim.attempts > self.cfg.max_attempts:  # earlier claims died with their gateway
-            result, problem, transient = None, EngineFailed(
-                f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"), False
-        else:
-            result, problem, transient = await self._attempt(claim, job.documents[claim.document], reservation)
+        result, problem, transient = await self._try(claim, job.documents[claim.document], reservation)
         if problem is not None and transient and claim.attempts < self.cfg.max_attempts:
             if await self.store.retry_later(claim, retry_delay(claim.attempts, self.cfg)):
                 metrics.JOB_PAGES.labels("retried").inc()
             return
+        await self._complete(claim, result, problem)
+
+    async def _try(self, claim: PageTask, document: Document,
+                   reservation: Reservation) -> tuple[dict | None, Problem | None, bool]:
+        """:meth:`_attempt`, unless the page has had its tries; an unexpected failure is transient
+        and pauses claims."""
+        if claim.attempts > self.cfg.max_attempts:  # earlier claims died with their gateway
+            return None, EngineFailed(
+                f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"), False
+        try:
+            outcome = await self._attempt(claim, document, reservation)
+        except Exception as exc:  # this gateway misbehaves (decoding processes gone, an engine bug)
+            log.exception("job %s page %d: unexpected failure; pausing claims", claim.job_id, claim.seq)
+            self._pause()
+            return None, EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}"), True
+        self._pause_s = 0.0
+        return outcome
+
+    async def _complete(self, claim: PageTask, result: dict | None, problem: Problem | None) -> None:
+        """Save the page's result and finish it in the store, unless someone else already has."""
         if problem is None:
             path = await asyncio.to_thread(self.data.write_page, claim.job_id, claim.seq, claim.token, result)
             outcome = PageOutcome(PAGE_DONE, path)
         else:
-            error = problem.to_dict() | {"attempts": claim.attempts}
-            outcome = PageOutcome(PAGE_FAILED, error=error)
+            outcome = PageOutcome(PAGE_FAILED, error=problem.to_dict() | {"attempts": claim.attempts})
         completion = await self.store.complete(claim, outcome)
         if not completion.counted:
             metrics.JOB_PAGES.labels("duplicate").inc()
@@ -203,7 +231,11 @@ class Worker:
 
     async def _attempt(self, claim: PageTask, document: Document,
                        reservation: Reservation) -> tuple[dict | None, Problem | None, bool]:
-        """Decode and OCR one page: ``(result, None, False)``, or ``(None, problem, transient)``."""
+        """Decode and OCR one page: ``(result, None, False)``, or ``(None, problem, transient)``.
+
+        Raises:
+            Exception: anything but a page's own failure (a broken decoding pool, an engine bug).
+        """
         try:
             page = await self._decode(self.data.upload_path(claim.job_id, claim.document), document, claim.index)
         except Problem as problem:
@@ -218,9 +250,6 @@ class Worker:
             return None, page_problem(claim.index, exc), exc.transient
         except (DeadlinePassed, EngineUnavailable) as problem:
             return None, problem, True
-        except Exception as exc:  # an engine bug or a lost connection: worth another try
-            log.warning("job %s page %d: engine raised", claim.job_id, claim.seq, exc_info=True)
-            return None, EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}"), True
         metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
         return with_timings(result, page, queued).to_dict(), None, False
 

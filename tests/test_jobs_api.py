@@ -235,6 +235,8 @@ def test_refusals_at_submission(http):
     assert_problem(submit(http, ("ok.png", samples.encode(numbered_page(1), "PNG")), priority="10"), 400, "priority")
     assert_problem(submit(http, ("ok.png", samples.encode(numbered_page(1), "PNG")), pages="3"), 400, "pages")
     assert_problem(http.post("/v1/jobs", files={"priority": (None, "1")}), 400, "file")
+    png = samples.encode(numbered_page(1), "PNG")
+    assert_problem(http.post("/v1/jobs", files=[("file", ("p.png", png))] * 101), 400, "jobs.max_files=100")
 
 
 def test_failed_page_makes_the_job_partial(http):

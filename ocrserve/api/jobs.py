@@ -15,12 +15,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ocrserve.api.auth import require_api_key
 from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.routes import RAW_TYPES, parse_format, render
 from ocrserve.api.schemas import Problem as ProblemSchema
-from ocrserve.errors import NotFound, Problem, UnsupportedMedia
+from ocrserve.errors import BadRequest, NotFound, Problem, UnsupportedMedia
 from ocrserve.jobs.intake import Upload
 from ocrserve.jobs.model import CANCELLED, Job
 from ocrserve.jobs.results import job_result, job_status
@@ -71,12 +72,17 @@ async def read_documents(request: Request, max_files: int) -> tuple[list[Upload]
     (form fields, then query parameters).
 
     Raises:
+        BadRequest: more than ``max_files`` files (or too many other fields).
         UnsupportedMedia: a body that is neither multipart nor an image/PDF media type.
     """
     params = dict(request.query_params)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        form = await request.form(max_files=max_files, max_fields=MAX_FIELDS)
+        try:
+            form = await request.form(max_files=max_files, max_fields=MAX_FIELDS)
+        except StarletteHTTPException as exc:  # too many parts
+            raise BadRequest(f"{exc.detail} (jobs.max_files={max_files} documents and {MAX_FIELDS} other fields "
+                             "per job)") from None
         params.update({k: v for k, v in form.items() if isinstance(v, str)})
         files = [f for f in form.getlist("file") if isinstance(f, UploadFile)]
         return [Upload(f.filename or f"document-{n}", f.file) for n, f in enumerate(files)], params

@@ -105,14 +105,12 @@ class Intake:
         """Accept a job of ``uploads`` with ``params`` (``pages``, ``priority``, ``webhook_url``).
 
         Raises:
-            Problem: 400 (no file, too many, bad parameter, refused webhook), 413/415 (a document),
+            Problem: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
                 409 (``IdempotencyConflict``).
         """
         cfg = self.config.jobs
         if not uploads:
             raise BadRequest("send at least one multipart field 'file'")
-        if len(uploads) > cfg.max_files:
-            raise BadRequest(f"{len(uploads)} files; a job takes at most jobs.max_files={cfg.max_files}")
         priority = parse_job_priority(params.get("priority"), cfg.max_priority)
         webhook_url = params.get("webhook_url") or ""
         if webhook_url:

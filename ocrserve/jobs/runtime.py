@@ -54,6 +54,8 @@ class Jobs:
         """Start the worker, the webhook sender and the janitor on the running loop."""
         self._tasks = [asyncio.create_task(coro, name=f"ocrserve-jobs-{name}") for name, coro in (
             ("worker", self.worker.run()), ("webhooks", self.webhooks.run()), ("janitor", self.janitor.run()))]
+        for task in self._tasks:
+            task.add_done_callback(_log_crash)
 
     async def close(self) -> None:
         """Stop them (pages held go back to the queue) and close the store."""
@@ -91,3 +93,9 @@ class Jobs:
             if all(r.state == PAGE_DONE for r in mine):
                 pages = await asyncio.to_thread(lambda: [self.data.read_json(r.result_path) for r in mine])
                 await self.cache.put(document.cache_key, pages)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    """A loop that should run until shutdown ended by itself: say so loudly."""
+    if not task.cancelled() and task.exception():
+        log.error("%s stopped", task.get_name(), exc_info=task.exception())

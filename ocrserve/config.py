@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "OCRSERVE_"
+#: Variables with the prefix that are not profile keys: ``ocrserve ocr``'s server and key, the
+#: corpus location of the evaluation scripts, and the test suite's log switch.
+NON_CONFIG_ENV = frozenset({"OCRSERVE_URL", "OCRSERVE_API_KEY", "OCRSERVE_CORPUS", "OCRSERVE_TEST_LOGS"})
 
 
 class Section(BaseModel):
@@ -294,11 +297,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[list[str], Any]]:
-    """``OCRSERVE_A__B=v`` environment variables as key paths (lower-cased) and YAML values."""
+    """``OCRSERVE_A__B=v`` environment variables as key paths (lower-cased) and YAML values.
+
+    The client's and tools' own variables (:data:`NON_CONFIG_ENV`) are not configuration.
+    """
     environ = os.environ if environ is None else environ
     found = []
     for name, raw in sorted(environ.items()):
-        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and name not in NON_CONFIG_ENV:
             path = name[len(ENV_PREFIX):].lower().split("__")
             found.append((path, yaml.safe_load(raw) if raw.strip() else ""))
     return found

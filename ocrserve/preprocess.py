@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -387,12 +388,33 @@ class Preprocessor:
     def __init__(self, cfg: PreprocessConfig):
         self.cfg = cfg
         self.workers = cfg.workers or os.cpu_count() or 1
-        self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_pool_init)
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_pool_init)
+
+    async def _run(self, fn, *args):
+        """``fn(*args)`` in a worker process. A pool broken by a dead worker (OOM killer, a
+        decoder crash) is replaced and the call tried once more; a second crash blames the
+        document.
+
+        Raises:
+            UnsupportedMedia: the decoder crashed twice on this document (415).
+        """
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            pool = self._pool
+            try:
+                return await loop.run_in_executor(pool, fn, *args)
+            except BrokenProcessPool:
+                if self._pool is pool:  # the first caller to notice replaces it
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = self._new_pool()
+        raise UnsupportedMedia("the decoder crashed on this document", slug="decoder-crashed")
 
     async def inspect(self, source: Source) -> DocumentInfo:
         """Identify the document and count its pages (see :func:`inspect_document`)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, inspect_document, source, self.cfg)
+        return await self._run(inspect_document, source, self.cfg)
 
     async def pages(
         self, source: Source, info: DocumentInfo, indices: Sequence[int]
@@ -401,12 +423,11 @@ class Preprocessor:
 
         Chunks are decoded in parallel, at most one per worker ahead of the consumer.
         """
-        loop = asyncio.get_running_loop()
         chunks = [list(indices[i:i + PAGES_PER_TASK]) for i in range(0, len(indices), PAGES_PER_TASK)]
         pending: list[asyncio.Future] = []
         try:
             for chunk in chunks:
-                pending.append(loop.run_in_executor(self._pool, decode_pages, source, info, chunk, self.cfg))
+                pending.append(asyncio.ensure_future(self._run(decode_pages, source, info, chunk, self.cfg)))
                 if len(pending) >= self.workers:
                     yield await pending.pop(0)
             while pending:

@@ -38,6 +38,11 @@ def test_bad_configuration_names_the_key(overrides, env, message):
         load_config("local", overrides, environ=env)
 
 
+def test_client_variables_are_not_config():
+    env = {"OCRSERVE_URL": "http://x:1", "OCRSERVE_API_KEY": "k", "OCRSERVE_CORPUS": "/c", "OCRSERVE_TEST_LOGS": "1"}
+    assert load_config("local", environ=env).server.port == 8000
+
+
 def test_unknown_profile_lists_available():
     with pytest.raises(ConfigError, match="available: .*local"):
         load_config("nope", environ={})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -9,7 +12,7 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
-    PageFailure, decode_pages, inspect_document, parse_page_ranges, smart_resize, target_size, visual_tokens,
+    PageFailure, Preprocessor, decode_pages, inspect_document, parse_page_ranges, smart_resize, target_size, visual_tokens,
 )
 from tests import samples
 from tests.conftest import DATA
@@ -158,3 +161,17 @@ def test_limits_and_bad_files():
     assert "max_page_pixels" in failure.problem.detail
     (failure,) = decode_all(samples.truncated_jpeg())
     assert isinstance(failure, PageFailure) and failure.problem.status == 415
+
+
+async def test_pool_recovers_after_a_worker_dies():
+    preprocessor = Preprocessor(CFG)
+    try:
+        await preprocessor.warm_up()
+        for process in preprocessor._pool._processes.values():
+            os.kill(process.pid, signal.SIGKILL)  # what the OOM killer does
+        data = (DATA / "phototest.tif").read_bytes()
+        info = await preprocessor.inspect(data)
+        pages = [p async for chunk in preprocessor.pages(data, info, [0]) for p in chunk]
+        assert pages[0].image.shape == (480, 640, 3)
+    finally:
+        preprocessor.close()

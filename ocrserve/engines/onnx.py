@@ -198,18 +198,20 @@ class OnnxEngine(Engine):
         return 2 * self.cfg.det_workers
 
     async def start(self) -> None:
-        """Load the three ONNX sessions and run one synthetic page through them."""
+        """Load the three ONNX sessions and run one synthetic page through them (straight, not
+        through the batcher, which would hold it for ``max_wait_ms``)."""
         loop = asyncio.get_running_loop()
-        self._ocr = await loop.run_in_executor(self._det_pool, self._load)
+        await loop.run_in_executor(self._det_pool, self._load_and_warm)
         self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms)
         self._batcher.start()
-        await self.ocr_page(_warm_up_page())
         self.ready = True
 
-    def _load(self) -> RapidOCR:
+    def _load_and_warm(self) -> None:
         ocr = RapidOCR(params=rapidocr_params(self.cfg))
         ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model()
-        return ocr
+        self._ocr = ocr
+        detection = self._detect(_warm_up_image())
+        self._recognize(detection.crops)
 
     async def close(self) -> None:
         self.ready = False
@@ -283,10 +285,10 @@ def _vertical_padding(ocr: RapidOCR, img: np.ndarray, op_record: dict):
     return img, op_record
 
 
-def _warm_up_page() -> Page:
-    """A small synthetic page with two lines of text, for warm-up at start."""
+def _warm_up_image() -> np.ndarray:
+    """A small synthetic RGB page with two lines of text, for warm-up at start."""
     image = Image.new("RGB", (320, 96), "white")
     draw = ImageDraw.Draw(image)
     draw.text((10, 20), "ocrserve warm-up 0123", fill="black", font_size=20)
     draw.text((10, 56), "The quick brown fox", fill="black", font_size=20)
-    return Page(index=0, image=np.asarray(image), width=320, height=96, visual_tokens=0)
+    return np.asarray(image)

@@ -46,7 +46,8 @@ class OnnxEngineConfig(Section):
     """The embedded CPU engine (rapidocr's PP-OCR ONNX models)."""
 
     det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
-    max_batch_size: int = Field(32, ge=1, description="Recognition crops per ONNX run")
+    max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")
+    rec_batch_num: int = Field(6, ge=1, description="Crops per ONNX run within a group (sorted by width first)")
     max_wait_ms: float = Field(5.0, ge=0, description="How long a batch waits to fill, ms")
     intra_op_num_threads: int = Field(0, ge=0, description="onnxruntime threads per op; 0 = one per core")
     text_score: float = Field(0.5, ge=0, le=1, description="Lines scored below are dropped")

@@ -3,8 +3,9 @@
 Each page goes through detection and orientation classification on one of ``det_workers``
 threads. Its text-line crops then join a shared recognition queue: the :class:`RecBatcher`
 gathers crops from concurrent pages (up to ``max_batch_size`` crops, waiting at most
-``max_wait_ms`` for a batch to fill) and recognizes them together, sorted by aspect ratio so each
-ONNX run pads little. No model is downloaded: rapidocr's defaults point at the models in its wheel.
+``max_wait_ms`` for a group to fill) and recognizes them together: sorted by aspect ratio, then
+``rec_batch_num`` at a time, so each ONNX run pads little (on a CPU a wide batch buys no
+parallelism, only padding; a larger pool to sort from is what cross-page batching buys). No model is downloaded: rapidocr's defaults point at the models in its wheel.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def rapidocr_params(cfg: OnnxEngineConfig) -> dict:
         "Global.text_score": cfg.text_score,
         "EngineConfig.onnxruntime.intra_op_num_threads": threads,
         "EngineConfig.onnxruntime.inter_op_num_threads": 1,
-        "Rec.rec_batch_num": cfg.max_batch_size,
+        "Rec.rec_batch_num": cfg.rec_batch_num,
     }
 
 

@@ -580,60 +580,6 @@ _QWEN25_SOURCES = {
                   "device = 8,292,166,656",
 }
 
-OLMOCR_2 = ModelSpec(
-    id="allenai/olmOCR-2-7B-1025",
-    architecture="qwen2_5_vl",
-    parameters=8_292_166_656,
-    dtype="bfloat16",
-    num_layers=28,
-    num_attention_heads=28,
-    num_kv_heads=4,
-    head_dim=128,
-    hidden_size=3584,
-    intermediate_size=18944,
-    vocab_size=152064,
-    max_position_embeddings=128000,
-    vision_hidden_size=1280,
-    vision_intermediate_size=3420,
-    patch_size=14,
-    merge_size=2,
-    min_pixels=3136,
-    max_pixels=1288 * 1288,
-    token_formula=GRID,
-    prompts=dict.fromkeys(("text", "markdown", "table"), (
-        "Attached is one page of a document that you must process. Just return the plain text representation "
-        "of this document as if you were reading it naturally. Convert equations to LateX and tables to HTML.\n"
-        "If there are any figures or charts, label them with the following markdown syntax ![Alt text describing "
-        "the contents of the figure](page_startx_starty_width_height.png)\nReturn your output as markdown, with a "
-        "front matter section on top specifying values for the primary_language, is_rotation_valid, "
-        "rotation_correction, is_table, and is_diagram parameters.")),
-    image_first=False,
-    sampling={"temperature": 0.1, "max_tokens": 8000},
-    postprocess="strip_yaml_front_matter",
-    vllm_flags=NO_CACHE_FLAGS,
-    min_vllm="0.11.0",
-    sources={
-        **_QWEN25_SOURCES,
-        "parameters": HF + "allenai/olmOCR-2-7B-1025 (full fine-tune of Qwen2.5-VL-7B-Instruct, same shapes); "
-                      "exact count of that architecture: transformers 5.20 Qwen2_5_VLForConditionalGeneration on "
-                      "the meta device = 8,292,166,656",
-        "max_pixels": HF + "allenai/olmOCR-2-7B-1025 (model card: 'a single document image, rendered such that "
-                      "the longest dimension is 1288 pixels'); 1288^2 bounds any page so rendered",
-        "prompts": "https://github.com/allenai/olmocr/blob/main/olmocr/prompts/prompts.py "
-                   "build_no_anchoring_v4_yaml_prompt (one prompt for every task; tables come back as HTML)",
-        "sampling": "https://github.com/allenai/olmocr/blob/main/olmocr/pipeline.py (TEMPERATURE_BY_ATTEMPT "
-                    "starts at 0.1, MAX_TOKENS 8000, MODEL_MAX_CONTEXT 16384; text part before the image)",
-        "postprocess": "https://github.com/allenai/olmocr/blob/main/olmocr/pipeline.py (FrontMatterParser: the "
-                       "reply is markdown under YAML front matter)",
-        "vllm_flags": "olmOCR needs no special flag (Qwen2.5-VL is native in vLLM); prefix/mm caches off as "
-                      "for every single-use OCR page (vLLM recipes' configuration tips)",
-        "min_vllm": "https://github.com/allenai/olmocr (olmOCR v0.4 pipeline pins vllm 0.11.x); Qwen2.5-VL "
-                    "itself is served since vLLM 0.7.2 (Qwen2.5-VL model card)",
-    },
-    notes="Render pages with the longest side 1288 px; repeat at higher temperature on a failed page "
-          "(olmOCR's retry ladder).",
-)
-
 QWEN25_VL = ModelSpec(
     id="Qwen/Qwen2.5-VL-7B-Instruct",
     architecture="qwen2_5_vl",
@@ -674,6 +620,46 @@ QWEN25_VL = ModelSpec(
         "min_vllm": HF + "Qwen/Qwen2.5-VL-7B-Instruct (model card: vLLM > 0.7.2)",
     },
     notes="Generic Qwen2.5-VL entry: any Qwen2.5-VL fine-tune loads through a local path with its own config.",
+)
+
+# A full fine-tune of Qwen2.5-VL-7B-Instruct: the same architecture numbers.
+OLMOCR_2 = replace(
+    QWEN25_VL,
+    id="allenai/olmOCR-2-7B-1025",
+    max_pixels=1288 * 1288,
+    token_formula=GRID,
+    prompts=dict.fromkeys(("text", "markdown", "table"), (
+        "Attached is one page of a document that you must process. Just return the plain text representation "
+        "of this document as if you were reading it naturally. Convert equations to LateX and tables to HTML.\n"
+        "If there are any figures or charts, label them with the following markdown syntax ![Alt text describing "
+        "the contents of the figure](page_startx_starty_width_height.png)\nReturn your output as markdown, with a "
+        "front matter section on top specifying values for the primary_language, is_rotation_valid, "
+        "rotation_correction, is_table, and is_diagram parameters.")),
+    image_first=False,
+    sampling={"temperature": 0.1, "max_tokens": 8000},
+    postprocess="strip_yaml_front_matter",
+    vllm_flags=NO_CACHE_FLAGS,
+    min_vllm="0.11.0",
+    sources={
+        **_QWEN25_SOURCES,
+        "parameters": HF + "allenai/olmOCR-2-7B-1025 (full fine-tune of Qwen2.5-VL-7B-Instruct, same shapes); "
+                      "exact count of that architecture: transformers 5.20 Qwen2_5_VLForConditionalGeneration on "
+                      "the meta device = 8,292,166,656",
+        "max_pixels": HF + "allenai/olmOCR-2-7B-1025 (model card: 'a single document image, rendered such that "
+                      "the longest dimension is 1288 pixels'); 1288^2 bounds any page so rendered",
+        "prompts": "https://github.com/allenai/olmocr/blob/main/olmocr/prompts/prompts.py "
+                   "build_no_anchoring_v4_yaml_prompt (one prompt for every task; tables come back as HTML)",
+        "sampling": "https://github.com/allenai/olmocr/blob/main/olmocr/pipeline.py (TEMPERATURE_BY_ATTEMPT "
+                    "starts at 0.1, MAX_TOKENS 8000, MODEL_MAX_CONTEXT 16384; text part before the image)",
+        "postprocess": "https://github.com/allenai/olmocr/blob/main/olmocr/pipeline.py (FrontMatterParser: the "
+                       "reply is markdown under YAML front matter)",
+        "vllm_flags": "olmOCR needs no special flag (Qwen2.5-VL is native in vLLM); prefix/mm caches off as "
+                      "for every single-use OCR page (vLLM recipes' configuration tips)",
+        "min_vllm": "https://github.com/allenai/olmocr (olmOCR v0.4 pipeline pins vllm 0.11.x); Qwen2.5-VL "
+                    "itself is served since vLLM 0.7.2 (Qwen2.5-VL model card)",
+    },
+    notes="Render pages with the longest side 1288 px; repeat at higher temperature on a failed page "
+          "(olmOCR's retry ladder).",
 )
 
 QWEN3_VL = ModelSpec(

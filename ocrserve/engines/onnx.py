@@ -1,20 +1,19 @@
 """The embedded CPU engine: PP-OCR ONNX models from the ``rapidocr`` wheel on ``onnxruntime``.
 
 Each page goes through detection and orientation classification on one of ``det_workers``
-threads. Its text-line crops then join a shared recognition queue: the :class:`RecBatcher`
-gathers crops from concurrent pages (up to ``max_batch_size`` crops, waiting at most
-``max_wait_ms`` for a group to fill) and recognizes them together: sorted by aspect ratio, then
-``rec_batch_num`` at a time, so each ONNX run pads little (on a CPU a wide batch buys no
-parallelism, only padding; a larger pool to sort from is what cross-page batching buys). No model is downloaded: rapidocr's defaults point at the models in its wheel.
+threads, then its text-line crops join the shared :class:`~ocrserve.engines.batching.RecBatcher`,
+which recognizes crops of concurrent pages together, sorted by aspect ratio and ``rec_batch_num``
+at a time (on a CPU a wide batch buys no parallelism, only padding; a larger pool to sort from
+is what cross-page batching buys). Every stage goes to the most urgent page first (see
+``ocrserve.engines.batching``). No model is downloaded: rapidocr's defaults point at the models
+in its wheel.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,9 +24,9 @@ from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_rec import TextRecInput
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
-from ocrserve import metrics
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
+from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher
 from ocrserve.pages import Line, Page, PageResult
 
 log = logging.getLogger(__name__)
@@ -46,122 +45,6 @@ class Detection:
     boxes: np.ndarray
     crops: list[np.ndarray]
     det_s: float
-
-
-class PriorityGate:
-    """Stage-level priority inside the engine.
-
-    Pages register with their priority (lower is more urgent) while they are in the engine;
-    before each stage (detection, recognition) a page waits until no more urgent page is in the
-    engine. A stage already running is never interrupted, so an urgent page waits at most for
-    one stage of one less urgent page, then runs with the CPU to itself.
-    """
-
-    def __init__(self) -> None:
-        self._active: Counter[int] = Counter()
-        self._changed = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def entered(self, priority: int):
-        """Register a page of ``priority`` for the duration of the block."""
-        self._active[priority] += 1
-        try:
-            yield
-        finally:
-            self._active[priority] -= 1
-            if not self._active[priority]:
-                del self._active[priority]
-            async with self._changed:
-                self._changed.notify_all()
-
-    async def turn(self, priority: int) -> None:
-        """Wait until no page more urgent than ``priority`` is in the engine."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: min(self._active, default=priority) >= priority)
-
-
-class RecBatcher:
-    """Dynamic batching of recognition crops across pages.
-
-    Args:
-        recognize: blocking function, crops (BGR arrays) -> list of ``(text, score)``.
-        max_batch_size: crops per gathered batch before it is sent without waiting.
-        max_wait_ms: how long the first crops of a batch wait for more to arrive.
-
-    :meth:`submit` is called from the event loop; recognition runs on one dedicated thread, and
-    crops that arrive while it runs form the next batch.
-    """
-
-    def __init__(self, recognize, max_batch_size: int, max_wait_ms: float):
-        self._recognize = recognize
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000.0
-        self._queue: asyncio.Queue[tuple[list[np.ndarray], asyncio.Future]] = asyncio.Queue()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
-        self._task: asyncio.Task | None = None
-        self.batch_sizes: deque[int] = deque(maxlen=1024)  # recent batches, for tests and debugging
-
-    def start(self) -> None:
-        """Start the batching loop on the running event loop."""
-        self._task = asyncio.create_task(self._run(), name="ocrserve-rec-batcher")
-
-    async def submit(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
-        """Recognize ``crops`` (batched with other pages' crops); one ``(text, score)`` each."""
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((crops, future))
-        return await future
-
-    async def _gather(self) -> list[tuple[list[np.ndarray], asyncio.Future]]:
-        items = [await self._queue.get()]
-        deadline = time.monotonic() + self.max_wait_s
-        while sum(len(c) for c, _ in items) < self.max_batch_size:
-            remaining = deadline - time.monotonic()
-            try:
-                items.append(self._queue.get_nowait() if remaining <= 0 else
-                             await asyncio.wait_for(self._queue.get(), remaining))
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                break
-        return items
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            items = [(c, f) for c, f in await self._gather() if not f.done()]
-            if not items:
-                continue
-            crops = [crop for c, _ in items for crop in c]
-            self.batch_sizes.append(len(crops))
-            metrics.BATCH_SIZE.observe(len(crops))
-            try:
-                results = await loop.run_in_executor(self._thread, self._recognize, crops)
-            except Exception:  # one page's crop broke the batch: recognize each page alone
-                log.exception("recognition batch of %d crops failed; retrying page by page", len(crops))
-                await self._run_alone(items)
-                continue
-            offset = 0
-            for page_crops, future in items:
-                if not future.done():
-                    future.set_result(results[offset:offset + len(page_crops)])
-                offset += len(page_crops)
-
-    async def _run_alone(self, items) -> None:
-        loop = asyncio.get_running_loop()
-        for crops, future in items:
-            try:
-                result = await loop.run_in_executor(self._thread, self._recognize, crops)
-            except Exception as exc:
-                if not future.done():
-                    future.set_exception(PageError(f"text recognition failed: {exc}"))
-            else:
-                if not future.done():
-                    future.set_result(result)
-
-    async def close(self) -> None:
-        """Stop the loop and the recognition thread."""
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._thread.shutdown(wait=False, cancel_futures=True)
 
 
 def rapidocr_params(cfg: OnnxEngineConfig) -> dict:
@@ -192,6 +75,7 @@ class OnnxEngine(Engine):
         self.model = cfg.model
         self._ocr: RapidOCR | None = None
         self._det_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-det")
+        self._det_turn = PrioritySemaphore(self.cfg.det_workers)
         self._batcher: RecBatcher | None = None
         self._gate = PriorityGate()
 
@@ -204,7 +88,7 @@ class OnnxEngine(Engine):
         through the batcher, which would hold it for ``max_wait_ms``)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
-        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms)
+        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms, self.cfg.rec_batch_num)
         self._batcher.start()
         self.ready = True
 
@@ -271,13 +155,14 @@ class OnnxEngine(Engine):
     async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
         loop = asyncio.get_running_loop()
         await self._gate.turn(priority)
-        try:
-            detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
-        except Exception as exc:
-            raise PageError(f"text detection failed: {exc}") from exc
+        async with self._det_turn.hold(priority):
+            try:
+                detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
+            except Exception as exc:
+                raise PageError(f"text detection failed: {exc}") from exc
         await self._gate.turn(priority)
         started = time.perf_counter()
-        recognized = await self._batcher.submit(detection.crops) if detection.crops else []
+        recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
 
 

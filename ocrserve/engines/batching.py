@@ -1,0 +1,261 @@
+"""Priority and dynamic batching inside the embedded engine.
+
+The router decides which pages enter the engine; these pieces decide, inside it, which page's
+stage runs next, so that an interactive page that enters beside bulk pages overtakes them at every
+step (lower ``priority`` value = more urgent, as in vLLM):
+
+- :class:`PriorityGate`: a page's next stage waits while a more urgent page is in the engine.
+- :class:`PrioritySemaphore`: the detection workers go to the most urgent waiting page first.
+- :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups, sorted
+  by aspect ratio, and recognized ``rec_batch_num`` at a time; between two ONNX runs the most
+  urgent queued run goes next, so an urgent page waits for at most one run of a bulk page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ocrserve import metrics
+from ocrserve.engines.base import PageError
+
+log = logging.getLogger(__name__)
+
+Recognize = Callable[[list[np.ndarray]], list[tuple[str, float]]]
+
+
+class PriorityGate:
+    """Stage-level priority: pages register with their priority while in the engine; before
+    each stage a page waits until no more urgent page is in the engine. A stage already running
+    is never interrupted."""
+
+    def __init__(self) -> None:
+        self._active: Counter[int] = Counter()
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def entered(self, priority: int):
+        """Register a page of ``priority`` for the duration of the block."""
+        self._active[priority] += 1
+        try:
+            yield
+        finally:
+            self._active[priority] -= 1
+            if not self._active[priority]:
+                del self._active[priority]
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def turn(self, priority: int) -> None:
+        """Wait until no page more urgent than ``priority`` is in the engine."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: min(self._active, default=priority) >= priority)
+
+
+class PrioritySemaphore:
+    """A semaphore whose waiters are served most urgent first (then first come, first served).
+
+    Args:
+        permits: holders at once.
+    """
+
+    def __init__(self, permits: int):
+        self._free = permits
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, priority: int):
+        """Hold a permit for the duration of the block."""
+        if self._free and not self._waiters:
+            self._free -= 1
+        else:
+            future = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiters, (priority, next(self._seq), future))
+            try:
+                await future  # the releaser handed its permit over
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release()  # handed over just as we were cancelled: pass it on
+                else:
+                    self._waiters = [w for w in self._waiters if w[2] is not future]
+                    heapq.heapify(self._waiters)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+@dataclass(eq=False)
+class _Item:
+    """One page's crops waiting for recognition."""
+
+    priority: int
+    crops: list[np.ndarray]
+    future: asyncio.Future
+
+
+@dataclass(eq=False)
+class _Group:
+    """Crops gathered from several pages, recognized as a set of ONNX runs."""
+
+    priority: int
+    items: list[_Item]
+    crops: list[np.ndarray] = field(init=False)
+    results: list = field(init=False)
+    remaining: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.crops = [crop for item in self.items for crop in item.crops]
+        self.results = [None] * len(self.crops)
+        self.remaining = len(self.crops)
+
+    def runs(self, size: int) -> list[list[int]]:
+        """Crop indices in runs of ``size``, sorted by aspect ratio so each run pads little."""
+        order = sorted(range(len(self.crops)), key=lambda i: self.crops[i].shape[1] / max(1, self.crops[i].shape[0]))
+        return [order[i:i + size] for i in range(0, len(order), size)]
+
+    def fill(self, indices: list[int], outcomes: list) -> None:
+        """Record outcomes (``(text, score)`` or an exception) and answer pages that are complete."""
+        for index, outcome in zip(indices, outcomes):
+            self.results[index] = outcome
+        self.remaining -= len(indices)
+        if self.remaining == 0:
+            self._answer()
+
+    def _answer(self) -> None:
+        offset = 0
+        for item in self.items:
+            mine = self.results[offset:offset + len(item.crops)]
+            offset += len(item.crops)
+            if item.future.done():
+                continue
+            failure = next((r for r in mine if isinstance(r, Exception)), None)
+            if failure is not None:
+                item.future.set_exception(PageError(f"text recognition failed: {failure}"))
+            else:
+                item.future.set_result(mine)
+
+
+class RecBatcher:
+    """Dynamic batching of recognition crops across pages, most urgent first.
+
+    Args:
+        recognize: blocking function, crops (BGR arrays) -> one ``(text, score)`` each.
+        max_batch_size: crops gathered into one group before it is formed without waiting.
+        max_wait_ms: how long the first crops of a group wait for more of the same priority.
+        rec_batch_num: crops per ONNX run.
+
+    :meth:`submit` is called from the event loop; recognition runs on one dedicated thread. Crops
+    that arrive while a group runs form the next group (continuous batching).
+    """
+
+    def __init__(self, recognize: Recognize, max_batch_size: int, max_wait_ms: float, rec_batch_num: int):
+        self._recognize = recognize
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.rec_batch_num = rec_batch_num
+        self._waiting: list[tuple[int, int, _Item]] = []  # heap of items not yet in a group
+        self._runs: list[tuple[int, int, _Group, list[int]]] = []  # heap of ONNX runs to do
+        self._seq = itertools.count()
+        self._arrived = asyncio.Event()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
+        self._task: asyncio.Task | None = None
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # crops per group, recent groups
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._task = asyncio.create_task(self._loop(), name="ocrserve-rec-batcher")
+
+    async def submit(self, crops: list[np.ndarray], priority: int = 0) -> list[tuple[str, float]]:
+        """Recognize ``crops`` (grouped with other pages' crops); one ``(text, score)`` each.
+
+        Raises:
+            PageError: recognition failed on one of these crops.
+        """
+        item = _Item(priority, crops, asyncio.get_running_loop().create_future())
+        heapq.heappush(self._waiting, (priority, next(self._seq), item))
+        self._arrived.set()
+        return await item.future
+
+    async def _loop(self) -> None:
+        while True:
+            if self._waiting and (not self._runs or self._waiting[0][0] < self._runs[0][0]):
+                await self._form_group(wait=not self._runs)
+            elif self._runs:
+                await self._run_next()
+            else:
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def _form_group(self, wait: bool) -> None:
+        """Gather the most urgent waiting items into a group and queue its runs. With ``wait``
+        (nothing else to do), give the group up to ``max_wait_ms`` to fill."""
+        priority = self._waiting[0][0]
+        deadline = time.monotonic() + (self.max_wait_s if wait else 0.0)
+        items: list[_Item] = []
+        while True:
+            while self._waiting and self._waiting[0][0] == priority and self._crops(items) < self.max_batch_size:
+                items.append(heapq.heappop(self._waiting)[2])
+            remaining = deadline - time.monotonic()
+            if self._crops(items) >= self.max_batch_size or remaining <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        items = [item for item in items if not item.future.done()]
+        if not items:
+            return
+        group = _Group(priority, items)
+        self.batch_sizes.append(len(group.crops))
+        metrics.BATCH_SIZE.observe(len(group.crops))
+        for indices in group.runs(self.rec_batch_num):
+            heapq.heappush(self._runs, (priority, next(self._seq), group, indices))
+
+    @staticmethod
+    def _crops(items: list[_Item]) -> int:
+        return sum(len(item.crops) for item in items)
+
+    async def _run_next(self) -> None:
+        _, _, group, indices = heapq.heappop(self._runs)
+        crops = [group.crops[i] for i in indices]
+        loop = asyncio.get_running_loop()
+        try:
+            outcomes = await loop.run_in_executor(self._thread, self._recognize, crops)
+        except Exception:  # one crop broke the run: recognize each alone, so only its page fails
+            log.exception("recognition of %d crops failed; retrying them one by one", len(crops))
+            outcomes = [await self._alone(crop) for crop in crops]
+        group.fill(indices, outcomes)
+
+    async def _alone(self, crop: np.ndarray):
+        try:
+            (outcome,) = await asyncio.get_running_loop().run_in_executor(self._thread, self._recognize, [crop])
+            return outcome
+        except Exception as exc:
+            return exc
+
+    async def close(self) -> None:
+        """Stop the loop and the recognition thread."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._thread.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,89 @@
+"""The engine's priority primitives and the recognition batcher, on the real recognition model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from ocrserve.engines.base import PageError
+from ocrserve.engines.batching import PrioritySemaphore, RecBatcher
+from ocrserve.config import EngineConfig
+from ocrserve.engines.onnx import OnnxEngine
+from tests.test_engine import load_page
+
+
+async def test_priority_semaphore_serves_most_urgent_first():
+    lock = PrioritySemaphore(1)
+    order: list[str] = []
+
+    async def take(name: str, priority: int):
+        async with lock.hold(priority):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    async with lock.hold(5):  # hold it while three wait
+        waiters = [asyncio.create_task(take(n, p)) for n, p in (("bulk-a", 10), ("fast", 0), ("bulk-b", 10))]
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*waiters)
+    assert order == ["fast", "bulk-a", "bulk-b"]
+
+
+async def test_cancelled_waiter_does_not_keep_the_permit():
+    lock = PrioritySemaphore(1)
+    async with lock.hold(0):
+        waiter = asyncio.create_task(lock.hold(0).__aenter__())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+    async with lock.hold(0):  # free again
+        pass
+
+
+@pytest.fixture
+async def crops():
+    """Real text-line crops of tesseract's phototest page, from the engine's detector."""
+    engine = OnnxEngine(EngineConfig())
+    await engine.start()
+    detection = engine._detect(load_page("phototest.tif").image)
+    yield engine, detection.crops
+    await engine.close()
+
+
+async def test_urgent_crops_run_before_queued_bulk_runs(crops):
+    engine, lines = crops
+    calls: list[int] = []
+
+    def recognize(batch):
+        calls.append(len(batch))
+        return engine._recognize(batch)
+
+    batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=2)
+    batcher.start()
+    try:
+        bulk = asyncio.create_task(batcher.submit(lines * 2, priority=10))  # 16 crops: 8 runs of 2
+        await asyncio.sleep(0)
+        while not calls:
+            await asyncio.sleep(0.001)
+        urgent = await batcher.submit(lines[:1], priority=0)
+        runs_before_urgent = len(calls) - 1
+        bulk_texts = await bulk
+    finally:
+        await batcher.close()
+    assert urgent[0][0].startswith("This is a lot of 12 point text")
+    assert runs_before_urgent <= 2  # it waited for at most the bulk run in progress, not all 8
+    assert [t for t, _ in bulk_texts[:8]] == [t for t, _ in bulk_texts[8:]]
+
+
+async def test_a_crop_that_breaks_fails_only_its_page(crops):
+    engine, lines = crops
+    batcher = RecBatcher(engine._recognize, max_batch_size=64, max_wait_ms=50, rec_batch_num=6)
+    batcher.start()
+    try:
+        broken = np.zeros((0, 10, 3), np.uint8)
+        outcomes = await asyncio.gather(batcher.submit(lines), batcher.submit([broken]), return_exceptions=True)
+    finally:
+        await batcher.close()
+    assert outcomes[0][0][0].startswith("This is a lot of 12 point text")
+    assert isinstance(outcomes[1], PageError)

@@ -30,6 +30,7 @@ from PIL import Image, ImageCms, ImageOps, ImageSequence, UnidentifiedImageError
 
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, Problem, UnsupportedMedia
+from ocrserve.models import smart_resize
 from ocrserve.pages import Page
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
@@ -43,6 +44,8 @@ IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
 TIFF_NEW_SUBFILE_TYPE = 254
 #: Pages decoded per process-pool task: amortizes the cost of sending the document bytes.
 PAGES_PER_TASK = 4
+#: Longest side over shortest side a page may have: the limit Qwen2-VL's ``smart_resize`` enforces.
+MAX_ASPECT_RATIO = 200
 #: PDF user-space units per inch (ISO 32000-1, 8.3.2.3).
 PDF_POINTS_PER_INCH = 72.0
 
@@ -79,45 +82,18 @@ class PageFailure:
     problem: Problem
 
 
-def smart_resize(height: float, width: float, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Fit ``(height, width)`` to a pixel budget with both sides multiples of ``factor``.
-
-    The rule of Qwen2-VL's image processor (``transformers`` ``qwen2_vl.image_processing_qwen2_vl
-    .smart_resize``): round each side to the nearest multiple of ``factor``; if the area exceeds
-    ``max_pixels``, scale down by ``sqrt(h*w / max_pixels)`` and floor to the factor; if it is below
-    ``min_pixels``, scale up by ``sqrt(min_pixels / (h*w))`` and ceil to the factor. The aspect
-    ratio is kept to within one ``factor`` step; neither side drops below ``factor``.
-
-    Returns:
-        ``(new_height, new_width)`` in pixels.
-
-    Raises:
-        PayloadTooLarge: aspect ratio above 200 (the limit Qwen2-VL enforces).
-    """
-    if max(height, width) / max(min(height, width), 1) > 200:
-        raise PayloadTooLarge(
-            f"aspect ratio {max(height, width) / max(min(height, width), 1):.0f}:1 exceeds 200:1",
-            slug="aspect-ratio",
-        )
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int, int]:
     """The normalized ``(width, height)`` for a page of ``width x height`` client pixels.
 
     ``cfg.max_side`` (when non-zero) first shrinks the page so its longer side fits, then
-    :func:`smart_resize` applies the pixel budget.
+    :func:`~ocrserve.models.smart_resize` (Qwen2-VL's rule) applies the pixel budget.
+
+    Raises:
+        PayloadTooLarge: aspect ratio above :data:`MAX_ASPECT_RATIO`.
     """
+    ratio = max(width, height) / max(min(width, height), 1)
+    if ratio > MAX_ASPECT_RATIO:
+        raise PayloadTooLarge(f"aspect ratio {ratio:.0f}:1 exceeds {MAX_ASPECT_RATIO}:1", slug="aspect-ratio")
     if cfg.max_side and max(width, height) > cfg.max_side:
         shrink = cfg.max_side / max(width, height)
         width, height = width * shrink, height * shrink

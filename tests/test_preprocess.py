@@ -12,8 +12,9 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
-    PageFailure, Preprocessor, decode_pages, inspect_document, parse_page_ranges, smart_resize, target_size, visual_tokens,
+    PageFailure, Preprocessor, decode_pages, inspect_document, parse_page_ranges, target_size, visual_tokens,
 )
+from ocrserve.models import smart_resize
 from tests import samples
 from tests.conftest import DATA
 
@@ -38,9 +39,9 @@ def test_smart_resize_rounds_to_factor_within_budget():
     assert smart_resize(20, 30, 28, 3136, 1_003_520) == (56, 84)
 
 
-def test_smart_resize_refuses_extreme_aspect_ratio():
-    with pytest.raises(PayloadTooLarge, match="aspect ratio"):
-        smart_resize(10, 2500, 28, 3136, 1_003_520)
+def test_extreme_aspect_ratio_refused():
+    with pytest.raises(PayloadTooLarge, match="aspect ratio 250:1 exceeds 200:1"):
+        target_size(2500, 10, CFG)
 
 
 def test_target_size_caps_longer_side_then_applies_factor():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ocrserve.engines.base import PageError
-from ocrserve.engines.batching import PrioritySemaphore, RecBatcher
+from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher
 from ocrserve.config import EngineConfig
 from ocrserve.engines.onnx import OnnxEngine
 from tests.test_engine import load_page
@@ -87,3 +87,19 @@ async def test_a_crop_that_breaks_fails_only_its_page(crops):
         await batcher.close()
     assert outcomes[0][0][0].startswith("This is a lot of 12 point text")
     assert isinstance(outcomes[1], PageError)
+
+
+async def test_bulk_runs_pause_while_an_urgent_page_is_in_the_engine(crops):
+    engine, lines = crops
+    gate = PriorityGate()
+    batcher = RecBatcher(engine._recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=6, gate=gate)
+    batcher.start()
+    try:
+        async with gate.entered(0):  # an interactive page, still in detection
+            bulk = asyncio.create_task(batcher.submit(lines, priority=10))
+            await asyncio.sleep(0.3)
+            assert not bulk.done()  # its runs wait
+        texts = await asyncio.wait_for(bulk, 30)  # and go once the page has left
+    finally:
+        await batcher.close()
+    assert texts[0][0].startswith("This is a lot of 12 point text")

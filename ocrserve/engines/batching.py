@@ -8,7 +8,8 @@ step (lower ``priority`` value = more urgent, as in vLLM):
 - :class:`PrioritySemaphore`: the detection workers go to the most urgent waiting page first.
 - :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups, sorted
   by aspect ratio, and recognized ``rec_batch_num`` at a time; between two ONNX runs the most
-  urgent queued run goes next, so an urgent page waits for at most one run of a bulk page.
+  urgent queued run goes next, and less urgent runs pause while a more urgent page is anywhere in
+  the engine, so an urgent page waits for at most one run of a bulk page.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from ocrserve.engines.base import PageError
 log = logging.getLogger(__name__)
 
 Recognize = Callable[[list[np.ndarray]], list[tuple[str, float]]]
+#: Seconds between checks of the gate while recognition runs wait for a more urgent page.
+GATE_POLL_S = 0.005
 
 
 class PriorityGate:
@@ -56,10 +59,14 @@ class PriorityGate:
             async with self._changed:
                 self._changed.notify_all()
 
+    def clear_for(self, priority: int) -> bool:
+        """True when no page more urgent than ``priority`` is in the engine."""
+        return min(self._active, default=priority) >= priority
+
     async def turn(self, priority: int) -> None:
         """Wait until no page more urgent than ``priority`` is in the engine."""
         async with self._changed:
-            await self._changed.wait_for(lambda: min(self._active, default=priority) >= priority)
+            await self._changed.wait_for(lambda: self.clear_for(priority))
 
 
 class PrioritySemaphore:
@@ -164,13 +171,17 @@ class RecBatcher:
         max_batch_size: crops gathered into one group before it is formed without waiting.
         max_wait_ms: how long the first crops of a group wait for more of the same priority.
         rec_batch_num: crops per ONNX run.
+        gate: the engine's :class:`PriorityGate`; a run waits while a more urgent page is in the
+            engine (even one still in detection), so that page has the cores to itself.
 
     :meth:`submit` is called from the event loop; recognition runs on one dedicated thread. Crops
     that arrive while a group runs form the next group (continuous batching).
     """
 
-    def __init__(self, recognize: Recognize, max_batch_size: int, max_wait_ms: float, rec_batch_num: int):
+    def __init__(self, recognize: Recognize, max_batch_size: int, max_wait_ms: float, rec_batch_num: int,
+                 gate: PriorityGate | None = None):
         self._recognize = recognize
+        self._gate = gate or PriorityGate()
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.rec_batch_num = rec_batch_num
@@ -201,11 +212,12 @@ class RecBatcher:
         while True:
             if self._waiting and (not self._runs or self._waiting[0][0] < self._runs[0][0]):
                 await self._form_group(wait=not self._runs)
-            elif self._runs:
+            elif self._runs and self._gate.clear_for(self._runs[0][0]):
                 await self._run_next()
-            else:
+            else:  # nothing to do, or the next run yields to a more urgent page still in detection
                 self._arrived.clear()
-                await self._arrived.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), GATE_POLL_S if self._runs else None)
 
     async def _form_group(self, wait: bool) -> None:
         """Gather the most urgent waiting items into a group and queue its runs. With ``wait``

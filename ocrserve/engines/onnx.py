@@ -88,7 +88,8 @@ class OnnxEngine(Engine):
         through the batcher, which would hold it for ``max_wait_ms``)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
-        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms, self.cfg.rec_batch_num)
+        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms,
+                                   self.cfg.rec_batch_num, self._gate)
         self._batcher.start()
         self.ready = True
 
@@ -135,8 +136,8 @@ class OnnxEngine(Engine):
     async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
         """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`.
 
-        ``priority`` orders stages: a page's detection and recognition wait while a more urgent
-        page (lower value) is in the engine (:class:`PriorityGate`).
+        ``priority`` orders stages: a page's detection and its recognition runs wait while a more
+        urgent page (lower value) is in the engine (:class:`PriorityGate`).
         """
         async with self._gate.entered(priority):
             detection, rec_s, recognized = await self._run_stages(page, priority)
@@ -160,7 +161,6 @@ class OnnxEngine(Engine):
                 detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
             except Exception as exc:
                 raise PageError(f"text detection failed: {exc}") from exc
-        await self._gate.turn(priority)
         started = time.perf_counter()
         recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
         return detection, time.perf_counter() - started, recognized

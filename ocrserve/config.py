@@ -46,6 +46,9 @@ class OnnxEngineConfig(Section):
     """The embedded CPU engine (rapidocr's PP-OCR ONNX models)."""
 
     det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
+    background_threads: int = Field(
+        1, ge=0, description="onnxruntime threads detecting pages of priority > 0 (bulk); 0 = one per core"
+    )
     max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")
     rec_batch_num: int = Field(6, ge=1, description="Crops per ONNX run within a group (sorted by width first)")
     max_wait_ms: float = Field(5.0, ge=0, description="How long a batch waits to fill, ms")

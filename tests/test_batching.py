@@ -46,7 +46,7 @@ async def crops():
     """Real text-line crops of tesseract's phototest page, from the engine's detector."""
     engine = OnnxEngine(EngineConfig())
     await engine.start()
-    detection = engine._detect(load_page("phototest.tif").image)
+    detection = engine._detect(load_page("phototest.tif").image, engine._ocr.text_det)
     yield engine, detection.crops
     await engine.close()
 

@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image, ImageDraw
 from rapidocr import RapidOCR
+from rapidocr.ch_ppocr_det import TextDetector
 from rapidocr.ch_ppocr_rec import TextRecInput
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
@@ -67,6 +68,12 @@ class OnnxEngine(Engine):
 
     ``slots`` is ``2 * det_workers``: one page in detection per worker while the previous one is
     in recognition, which keeps both stages busy without queueing pages inside the engine.
+
+    Pages of priority 0 (the fast lane) detect with a session using every core; less urgent
+    pages with a second session of ``background_threads`` threads, which leaves a core for an
+    interactive page that arrives while a bulk page is detecting (a running ONNX run cannot be
+    interrupted) and, pipelined with recognition, still keeps both cores busy (measured on 2
+    cores, bulk only: 77 pages/min with one thread, 69 with two).
     """
 
     def __init__(self, cfg: EngineConfig):
@@ -74,8 +81,10 @@ class OnnxEngine(Engine):
         self.cfg = cfg.onnx
         self.model = cfg.model
         self._ocr: RapidOCR | None = None
-        self._det_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-det")
-        self._det_turn = PrioritySemaphore(self.cfg.det_workers)
+        self._det_pool = ThreadPoolExecutor(2 * self.cfg.det_workers, thread_name_prefix="ocrserve-det")
+        self._det_turn = PrioritySemaphore(self.cfg.det_workers)  # pages of priority 0
+        self._background_turn = PrioritySemaphore(self.cfg.det_workers)  # every other page
+        self._background_det: TextDetector | None = None
         self._batcher: RecBatcher | None = None
         self._gate = PriorityGate()
 
@@ -98,8 +107,11 @@ class OnnxEngine(Engine):
         ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model()
         for stage in (ocr.text_det, ocr.text_cls, ocr.text_rec):
             _stop_spinning(stage.session, self.cfg.intra_op_num_threads)
+        self._background_det = TextDetector(ocr.cfg.Det)
+        _stop_spinning(self._background_det.session, self.cfg.background_threads)
         self._ocr = ocr
-        detection = self._detect(_warm_up_image())
+        detection = self._detect(_warm_up_image(), ocr.text_det)
+        self._detect(_warm_up_image(), self._background_det)
         self._recognize(detection.crops)
 
     async def close(self) -> None:
@@ -113,13 +125,13 @@ class OnnxEngine(Engine):
         """Crops per recognition batch, the last 1024 batches."""
         return list(self._batcher.batch_sizes) if self._batcher else []
 
-    def _detect(self, image_rgb: np.ndarray) -> Detection:
+    def _detect(self, image_rgb: np.ndarray, detector: TextDetector) -> Detection:
         started = time.perf_counter()
         ocr = self._ocr
         bgr = np.ascontiguousarray(image_rgb[:, :, ::-1])
         img, op_record = ocr.preprocess_img(bgr)
         det_img, op_record = _vertical_padding(ocr, img, op_record)
-        det = ocr.text_det(det_img)
+        det = detector(det_img)
         if det.boxes is None or len(det.boxes) == 0:
             return Detection(np.zeros((0, 4, 2), np.float32), [], time.perf_counter() - started)
         crops = ocr.crop_text_regions(det_img, det.boxes)
@@ -156,9 +168,12 @@ class OnnxEngine(Engine):
     async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
         loop = asyncio.get_running_loop()
         await self._gate.turn(priority)
-        async with self._det_turn.hold(priority):
+        urgent = priority <= 0
+        turn = self._det_turn if urgent else self._background_turn
+        detector = self._ocr.text_det if urgent else self._background_det
+        async with turn.hold(priority):
             try:
-                detection = await loop.run_in_executor(self._det_pool, self._detect, page.image)
+                detection = await loop.run_in_executor(self._det_pool, self._detect, page.image, detector)
             except Exception as exc:
                 raise PageError(f"text detection failed: {exc}") from exc
         started = time.perf_counter()

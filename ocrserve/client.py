@@ -153,7 +153,11 @@ class OcrClient:
                     if response.status_code >= 400:
                         await response.aread()
                         raise RequestFailed(response.status_code, _problem_body(response))
-                    async for event, event_id, data in _parse_sse(response.aiter_lines()):
+                    decoder = SseDecoder()
+                    async for line in response.aiter_lines():
+                        if (decoded := decoder.feed(line)) is None:
+                            continue
+                        event, event_id, data = decoded
                         failures = 0
                         last_id = event_id or last_id
                         yield event, data
@@ -175,19 +179,25 @@ class OcrClient:
         return response.json() if fmt == "json" else response.text
 
 
-async def _parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str, dict]]:
-    """``(event, id, data)`` of each event in a ``text/event-stream`` (comments and pings skipped)."""
-    fields: dict[str, str] = {}
-    async for line in lines:
+class SseDecoder:
+    """Decodes a ``text/event-stream`` line by line (the WHATWG Server-Sent Events format, as far as
+    ocrserve's events use it: ``event``, ``id`` and one JSON ``data`` line; comments skipped)."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, str] = {}
+
+    def feed(self, line: str) -> tuple[str, str, dict] | None:
+        """Take one line (without its newline); return ``(event, id, data)`` when it ends an event."""
         if line.startswith(":"):
-            continue
+            return None
         if line:
             key, _, value = line.partition(":")
-            fields[key] = value.removeprefix(" ")
-            continue
-        if "data" in fields:
-            yield fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
-        fields = {}
+            self._fields[key] = value.removeprefix(" ")
+            return None
+        fields, self._fields = self._fields, {}
+        if "data" not in fields:
+            return None
+        return fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
 
 
 def _problem_body(response: httpx.Response) -> dict:

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ocrserve import metrics
+from ocrserve.alarm import Alarm
 from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
@@ -131,7 +132,7 @@ class Router:
         self.cfg = cfg
         self.lanes = {FAST: Lane(FAST, cfg.fast), BULK: Lane(BULK, cfg.bulk)}
         self._fifo: deque[Ticket] = deque()
-        self._wake = asyncio.Event()
+        self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self._done_all: deque[float] = deque()
@@ -229,7 +230,7 @@ class Router:
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
         ticket = Ticket(page, reservation, cost, lane.cfg.priority, deadline)
         (self._fifo if self.cfg.mode == "fifo" else lane.queue).append(ticket)
-        self._wake.set()
+        self._alarm.ring()
         try:
             return await ticket.future
         except asyncio.CancelledError:
@@ -249,9 +250,7 @@ class Router:
         while True:
             # Woken by a new page or a finished one; the timeout re-checks an engine that was
             # saturated by other clients.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), RECHECK_S)
-            self._wake.clear()
+            await self._alarm.sleep(RECHECK_S)
             while (ticket := self._next()) is not None:
                 self._start(ticket)
 
@@ -324,7 +323,7 @@ class Router:
             lane.in_flight -= 1
             lane.record_done(time.monotonic())
             metrics.SLOTS_IN_USE.set(self.in_flight)
-            self._wake.set()
+            self._alarm.ring()
 
 
 class Reservation:

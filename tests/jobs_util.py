@@ -3,13 +3,13 @@ telling which it is), waiting for a job, reading a metric, a gateway on a given 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import httpx
 from PIL import Image, ImageDraw, ImageFont
 
+from ocrserve.client import SseDecoder
 from tests import samples
 from tests.conftest import Gateway
 
@@ -66,21 +66,14 @@ def wait_job(http: httpx.Client, job_id: str, timeout: float = 120.0, until=None
 def read_events(http: httpx.Client, job_id: str, last_event_id: int | None = None) -> list[tuple[str, str, dict]]:
     """The job's whole event stream, to its ``done``: ``(event, id, data)`` tuples."""
     headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-    events, fields = [], {}
+    events, decoder = [], SseDecoder()
     with http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
-            if line.startswith(":"):
-                continue
-            if line:
-                key, _, value = line.partition(":")
-                fields[key] = value.removeprefix(" ")
-                continue
-            if "data" in fields:
-                events.append((fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])))
-                if events[-1][0] == "done":
+            if (decoded := decoder.feed(line)) is not None:
+                events.append(decoded)
+                if decoded[0] == "done":
                     break
-            fields = {}
     return events
 
 

@@ -151,9 +151,8 @@ async def ocr(request: Request) -> Response:
     deadline = time.monotonic() + timeout if timeout else None
     work = request.app.state.service.ocr(data, pages=params.get("pages"), priority=priority, deadline=deadline)
     try:
-        async with asyncio.timeout(timeout):
-            result, cached = await until_disconnect(request, work)
-    except TimeoutError:
+        result, cached = await asyncio.wait_for(until_disconnect(request, work), timeout)
+    except asyncio.TimeoutError:
         raise DeadlinePassed(f"the document was not done within timeout={timeout:g} s") from None
     response = render(result, fmt)
     response.headers["X-Cache"] = "hit" if cached else "miss"

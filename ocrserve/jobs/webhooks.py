@@ -33,6 +33,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from ocrserve import metrics
+from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
 from ocrserve.jobs.model import Job
@@ -111,14 +112,14 @@ class WebhookSender:
         self.cfg = cfg
         #: A claimed webhook stays ours this long: every attempt at its longest, with every wait.
         self.lease_s = cfg.webhook_attempts * (cfg.webhook_timeout_s + cfg.webhook_backoff_max_s)
-        self._wake = asyncio.Event()
+        self._alarm = Alarm()
         self._room = asyncio.Semaphore(CONCURRENT_DELIVERIES)
         self._sending: set[asyncio.Task] = set()
         self._http: httpx.AsyncClient | None = None
 
     def wake(self) -> None:
         """A job ended here: look for its webhook now rather than at the next poll."""
-        self._wake.set()
+        self._alarm.ring()
 
     async def run(self) -> None:
         """Claim due webhooks and send each in a task of its own, until cancelled."""
@@ -129,7 +130,7 @@ class WebhookSender:
                 job = await self._claim()
                 if job is None:
                     self._room.release()
-                    await self._idle()
+                    await self._alarm.sleep(self.cfg.poll_interval_s)
                     continue
                 task = asyncio.create_task(self._send(job))
                 self._sending.add(task)
@@ -146,13 +147,6 @@ class WebhookSender:
         except Exception:
             log.warning("cannot claim webhooks from the job store", exc_info=True)
             return None
-
-    async def _idle(self) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), self.cfg.poll_interval_s)
-        except asyncio.TimeoutError:
-            pass
-        self._wake.clear()
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)

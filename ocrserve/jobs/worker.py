@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ocrserve import metrics
+from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Overloaded, Problem
@@ -76,13 +77,13 @@ class Worker:
         self.concurrency = cfg.concurrency or 2 * router.capacity
         self._room = asyncio.Semaphore(self.concurrency)
         self._active: dict[asyncio.Task, PageTask] = {}
-        self._wake = asyncio.Event()
+        self._alarm = Alarm()
         self._pause_s = 0.0  # current pause after unexpected failures; 0 once a page succeeds
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
 
     def wake(self) -> None:
         """Work was submitted here: claim now rather than at the next poll."""
-        self._wake.set()
+        self._alarm.ring()
 
     def _pause(self) -> None:
         """Stop claiming for a while after an unexpected failure (``retry_backoff_s``, doubling up to
@@ -144,14 +145,7 @@ class Worker:
                 metrics.JOB_CLAIMS.labels("first" if claimed[0].attempts == 1 else "again").inc()
                 return claimed[0], reservation, admission
             await admission.aclose()
-            await self._idle()
-
-    async def _idle(self) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), self.cfg.poll_interval_s)
-        except asyncio.TimeoutError:
-            pass
-        self._wake.clear()
+            await self._alarm.sleep(self.cfg.poll_interval_s)
 
     def _finished(self, task: asyncio.Task) -> None:
         self._active.pop(task, None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -68,3 +70,17 @@ async def test_failing_page_fails_alone(engine):
     outcomes = await engine.ocr_pages([broken, good])
     assert isinstance(outcomes[0], PageError)
     assert outcomes[1].text.startswith("This is a lot of 12 point text")
+
+
+async def test_bulk_pages_detect_on_lower_priority_threads(engine):
+    """The threads detecting bulk pages run at nice +10 (engine.onnx.background_nice); the threads
+    detecting interactive pages keep the process's nice value."""
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop = asyncio.get_running_loop()
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert await loop.run_in_executor(engine._background_pool, nice) == min(base + 10, 19)
+    assert await loop.run_in_executor(engine._det_pool, nice) == base
+    result = await engine.ocr_page(load_page("phototest.tif"), priority=5)
+    assert result.text.startswith("This is a lot of 12 point text")

@@ -49,20 +49,35 @@ def idempotency_key(path: Path, **params) -> str:
     return "ocrserve-" + hashlib.sha256(f"{file_sha256(path)}:{canonical}".encode()).hexdigest()
 
 
-def collect_documents(paths: list[Path]) -> list[Path]:
-    """Files named directly, plus documents found recursively under directories, sorted.
+def collect_documents(paths: list[Path]) -> dict[Path, Path]:
+    """Files named directly, plus documents found recursively under directories, sorted; each with
+    the name its result takes under an output folder: its path relative to the directory it was
+    found in (``scans/a/x.tif`` under ``scans/`` -> ``a/x.tif``), or its file name.
 
     Raises:
         FileNotFoundError: a named path does not exist.
+        ValueError: two different documents would take the same name.
     """
-    found: list[Path] = []
+    found: dict[Path, Path] = {}
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file()))
+            docs = sorted(p for p in path.rglob("*") if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file())
+            named = {doc: doc.relative_to(path) for doc in docs}
         elif path.is_file():
-            found.append(path)
+            named = {path: Path(path.name)}
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
+        for doc, name in named.items():
+            found.setdefault(doc, name)
+    return _unique_names(found)
+
+
+def _unique_names(found: dict[Path, Path]) -> dict[Path, Path]:
+    seen: dict[Path, Path] = {}
+    for doc, name in found.items():
+        other = seen.setdefault(name, doc)
+        if other != doc and other.resolve() != doc.resolve():
+            raise ValueError(f"{other} and {doc} would both be written as {name}; name them in separate runs")
     return found
 
 

@@ -12,9 +12,14 @@ def render_text(result: dict) -> str:
 
 
 def render_markdown(result: dict) -> str:
-    """One ``## Page N`` section per page; a failed page shows its error."""
-    sections = []
+    """One ``## Page N`` section per page; a failed page shows its error. A job's result of several
+    documents starts each document with a ``# <file name>`` heading."""
+    documents = result.get("documents") or []
+    sections, current = [], None
     for page in result["pages"]:
+        if len(documents) > 1 and page["document"] != current:
+            current = page["document"]
+            sections.append(f"# {documents[current]['name']}\n")
         body = page.get("text", "")
         if page.get("error"):
             body = f"> page failed: {page['error'].get('detail', '')}"

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections import deque
 
@@ -84,9 +85,37 @@ def uvicorn_config(config: Config) -> uvicorn.Config:
     )
 
 
+def listening_socket(config: Config) -> socket.socket:
+    """The gateway's socket, bound to ``server.host``:``server.port`` before anything is loaded, so
+    that a taken address fails at once rather than after the models (or vLLM) have started.
+
+    Raises:
+        AddressTaken: the address cannot be bound (in use, not local, no permission).
+    """
+    host, port = config.server.host, config.server.port
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise AddressTaken(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class AddressTaken(Exception):
+    """The gateway's address cannot be bound."""
+
+
 def run_gateway(config: Config) -> None:
-    """Serve the gateway until SIGINT/SIGTERM; in-flight requests drain first (uvicorn)."""
-    uvicorn.Server(uvicorn_config(config)).run()
+    """Serve the gateway until SIGINT/SIGTERM; in-flight requests drain first (uvicorn).
+
+    Raises:
+        AddressTaken: before any model is loaded.
+    """
+    listening = listening_socket(config)
+    uvicorn.Server(uvicorn_config(config)).run(sockets=[listening])
 
 
 def plan_for(config: Config) -> Plan:
@@ -297,6 +326,7 @@ def run_with_vllm(config: Config, plan: Plan) -> int:
 
     Raises:
         VllmStartError: vLLM did not become healthy the first time.
+        AddressTaken: the gateway's address cannot be bound (checked before vLLM starts).
         SystemExit: the gateway could not start (uvicorn's status); vLLM is stopped first.
     """
     return asyncio.run(_serve_with_vllm(config, plan))
@@ -306,6 +336,7 @@ async def _serve_with_vllm(config: Config, plan: Plan) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     gateway = gateway_config(config, plan)
+    listening = listening_socket(gateway)  # before vLLM starts
     server = _Gateway(uvicorn_config(gateway))
 
     def on_signal() -> None:
@@ -323,7 +354,7 @@ async def _serve_with_vllm(config: Config, plan: Plan) -> int:
         say(f"vLLM is healthy; starting the gateway on http://{config.server.host}:{config.server.port}")
         watch = asyncio.create_task(supervise(vllm, stop, config.vllm), name="ocrserve-vllm-supervisor")
         try:
-            await server.serve()
+            await server.serve(sockets=[listening])
         finally:
             stop.set()
             watch.cancel()

@@ -217,6 +217,10 @@ def _budget(model: ModelSpec, min_pixels: int | None, max_pixels: int | None, ma
     if not model.supports_pixel_budget:
         lo = hi = None
     out = max_tokens if max_tokens is not None else model.max_tokens
+    if lo is not None and hi is not None and hi < lo:
+        raise PlanError(f"max_pixels {hi:,} is below min_pixels {lo:,}: a page could not satisfy both")
+    if out < 1:
+        raise PlanError(f"max_tokens must be >= 1, got {out}")
     return _Budget(lo, hi, out, model.max_visual_tokens(lo, hi), model.prompt_tokens())
 
 

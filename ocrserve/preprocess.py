@@ -16,6 +16,7 @@ import asyncio
 import io
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -73,6 +74,16 @@ class DocumentInfo:
         """Pixels the pages ``indices`` will have after normalization, in all."""
         return sum(math.prod(target_size(*self.sizes[i], cfg)) for i in indices)
 
+    def refuse_if_all_too_large(self, indices: Sequence[int], cfg: PreprocessConfig) -> None:
+        """Refuse a request whose every selected page is above ``cfg.max_page_pixels``, before any
+        decoding; where only some are, those pages fail alone when decoded.
+
+        Raises:
+            PayloadTooLarge: 413 naming the first such page and the limit.
+        """
+        if indices and all(math.prod(self.sizes[i]) > cfg.max_page_pixels for i in indices):
+            _check_pixels(*self.sizes[indices[0]], cfg, indices[0])
+
 
 @dataclass(frozen=True)
 class PageFailure:
@@ -110,6 +121,9 @@ def visual_tokens(width: int, height: int, factor: int) -> int:
     return (width // factor) * (height // factor)
 
 
+_PAGE_RANGE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
+
+
 def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
     """Turn ``"1-3,5"`` (1-based, inclusive) into sorted 0-based page indices.
 
@@ -122,11 +136,11 @@ def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
         return list(range(page_count))
     chosen: set[int] = set()
     for part in spec.split(","):
-        first, sep, last = part.strip().partition("-")
-        try:
-            lo, hi = int(first), int(last) if sep else int(first)
-        except ValueError:
-            raise BadRequest(f"pages={spec!r}: expected ranges like 1-3,5") from None
+        found = _PAGE_RANGE.fullmatch(part.strip())
+        if found is None:
+            raise BadRequest(f"pages={spec!r}: expected ranges like 1-3,5")
+        lo = int(found[1])
+        hi = int(found[2] or found[1])
         if lo < 1 or hi < lo:
             raise BadRequest(f"pages={spec!r}: range {part.strip()!r} is empty or below 1")
         if hi > page_count:
@@ -301,6 +315,7 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     """Render one PDF page straight at the scale its pixel budget allows (``/Rotate`` honoured)."""
     started = time.perf_counter()
     width, height = _pdf_page_size(pdf, index, cfg)
+    _check_pixels(width, height, cfg, index)
     out_w, out_h = target_size(width, height, cfg)
     page = pdf[index]
     width_pt, height_pt = page.get_size()

@@ -131,6 +131,7 @@ class OcrService:
         with spooled(data) as source:
             info = await self.preprocessor.inspect(source)
             indices = parse_page_ranges(pages, info.page_count)
+            info.refuse_if_all_too_large(indices, self.config.preprocess)
             lane = self.router.lane_for(len(indices), info.normalized_pixels(indices, self.config.preprocess), priority)
             key = self.cache.key(await sha256_hex(data), indices) if self.cache else ""
             cached = await self.cache.get(key) if key else None

@@ -57,11 +57,11 @@ def rotated_pdf() -> bytes:
     return buf.getvalue()
 
 
-def blank_pdf(pages: int) -> bytes:
-    """A PDF of ``pages`` empty US-letter pages."""
+def blank_pdf(pages: int, size_pt: tuple[float, float] = (612, 792)) -> bytes:
+    """A PDF of ``pages`` empty pages, US letter unless ``size_pt`` (points) says otherwise."""
     pdf = pdfium.PdfDocument.new()
     for _ in range(pages):
-        pdf.new_page(612, 792)
+        pdf.new_page(*size_pt)
     buf = io.BytesIO()
     pdf.save(buf)
     return buf.getvalue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from ocrserve.evaluation import bag_f1
 from tests import samples
 from tests.conftest import DATA, Gateway, ground_truth
+from tests.jobs_util import metric
 
 
 def post_file(http: httpx.Client, data: bytes, name: str = "doc", **form) -> httpx.Response:
@@ -100,6 +102,7 @@ def test_alpha_and_exif_samples(http, name):
     ("text named .png", b"just some text, not an image\n" * 10, 415, "not a supported document"),
     ("40000 x 40000 png header", samples.png_header_only(40000, 40000), 413, "max_page_pixels"),
     ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages.*max_pages=200"),
+    ("pdf page of 40000 x 40000 px at 200 dpi", samples.blank_pdf(1, (14400, 14400)), 413, "max_page_pixels"),
 ])
 def test_bad_input_refused_quickly_and_server_keeps_serving(http, case, data, status, detail):
     started = time.perf_counter()
@@ -116,6 +119,26 @@ def test_bad_parameters(http):
     assert_problem(http.post("/v1/ocr", files={"document": ("a.tif", tif)}), 400, "'file' is required")
     assert_problem(http.post("/v1/ocr", json={"a": 1}), 415, "Content-Type")
     assert_problem(http.get("/v1/nothing"), 404, "")
+
+
+def test_upload_cut_short_is_a_499_not_a_500(gateway, http):
+    """A client that disconnects halfway through its upload is counted as 499 (client closed
+    request), raw body or multipart, and the server goes on serving."""
+    def count(status: str) -> float:
+        return metric(http, "ocrserve_http_requests_total", route="/v1/ocr", status=status)
+
+    tif = (DATA / "phototest.tif").read_bytes()
+    multipart = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.tif"\r\n\r\n' + tif
+    before = {status: count(status) for status in ("499", "500")}
+    for content_type, body in (("image/tiff", tif), ("multipart/form-data; boundary=b", multipart)):
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+            head = f"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+            sock.sendall(f"{head}Content-Length: {len(body) + 10}\r\n\r\n".encode() + body[: len(body) // 2])
+    deadline = time.monotonic() + 10
+    while count("499") < before["499"] + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (count("499"), count("500")) == (before["499"] + 2, before["500"])
+    assert post_file(http, tif).status_code == 200
 
 
 def test_deadline_passed_is_504(http):

@@ -235,6 +235,13 @@ def test_refusals_at_submission(http):
     assert_problem(submit(http, ("ok.png", samples.encode(numbered_page(1), "PNG")), priority="10"), 400, "priority")
     assert_problem(submit(http, ("ok.png", samples.encode(numbered_page(1), "PNG")), pages="3"), 400, "pages")
     assert_problem(http.post("/v1/jobs", files={"priority": (None, "1")}), 400, "file")
+    assert_problem(submit(http, ("huge.png", samples.png_header_only(40000, 40000))), 413, "max_page_pixels")
+    two_large = samples.encode(samples.phototest().resize((1280, 960)), "TIFF", save_all=True,
+                               append_images=[samples.phototest().resize((1280, 960))])  # 1.2 Mpx > 1 Mpx
+    assert_problem(submit(http, ("large.tif", two_large)), 413, "page 1 is 1280 x 960")
+    for field, value in (("timeout", "abc"), ("format", "xml")):  # as POST /v1/ocr checks them without the header
+        assert_problem(http.post("/v1/ocr", files={"file": ("ok.png", samples.encode(numbered_page(1), "PNG"))},
+                                 data={field: value}, headers={"prefer": "respond-async"}), 400, field)
     png = samples.encode(numbered_page(1), "PNG")
     assert_problem(http.post("/v1/jobs", files=[("file", ("p.png", png))] * 101), 400, "jobs.max_files=100")
 

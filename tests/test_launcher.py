@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -209,3 +210,17 @@ def test_every_vllm_profile_launches_with_an_argv_vllm_accepts():
         assert args.max_num_seqs == plan.vllm_args["max_num_seqs"] >= 1
         assert args.mm_processor_kwargs == {"min_pixels": config.preprocess.min_pixels,
                                             "max_pixels": config.preprocess.max_pixels}
+
+
+@pytest.mark.parametrize("profile", ["local", "prod"])
+def test_taken_address_fails_before_models_or_vllm_start(profile):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = [sys.executable, "-m", "ocrserve", "launch", "--profile", profile, "--port", str(port),
+                "--set", f"vllm.executable={FAKE_VLLM}", "--set", "vllm.gpu=RTX 4090D"]
+        done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "started vLLM" not in done.stdout + done.stderr and "Waiting for application startup" not in done.stderr

@@ -237,20 +237,48 @@ def _cli() -> typer.Typer:
 
 def test_cli_plan_formats_and_errors():
     runner = CliRunner()
-    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "RTX 3060",
+    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "RTX 3060",
                                     "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 36
-    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "rtx-4090d",
+    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "rtx-4090d",
                                     "--max-pixels", str(2048 * 2048), "--format", "argv"])
     assert result.exit_code == 0
     assert shlex.split(result.stdout)[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
     assert "--max-num-seqs 9" in result.stdout
-    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu", "Voodoo 5"])
+    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "Voodoo 5"])
     assert result.exit_code == 2 and "unknown GPU" in result.stderr
-    result = runner.invoke(_cli(), ["plan", "--profile", "no-such-profile", "--gpu-memory", "24", "--gpus", "2",
+    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu-memory", "24", "--gpus", "2",
                                     "--format", "yaml"])
     assert result.exit_code == 0 and yaml.safe_load(result.stdout)["strategy"] == "replicas"
+
+
+def test_cli_plan_takes_the_profile_budget_only_for_the_profile_model():
+    """--model with another model than the profile's plans at that model's own pixel budget and
+    factor (the prod profile's factor 32 would not fit a factor-28 model); the profile's vLLM
+    settings still apply."""
+    runner = CliRunner()
+    result = runner.invoke(_cli(), ["plan", "--model", "PaddlePaddle/PaddleOCR-VL", "--gpu", "rtx3060", "--p95", "20",
+                                    "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["vllm_args"]["scheduling_policy"] == "priority"
+    result = runner.invoke(_cli(), ["plan", "--model", "allenai/olmOCR-2-7B-1025", "--gpu", "a100-80g", "--format",
+                                    "json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 97
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--profile", "nosuch"], "nosuch"),
+    (["--max-pixels", "0"], "max-pixels"),
+    (["--max-pixels", "100"], "below min_pixels"),
+    (["--max-tokens", "0"], "max-tokens"),
+    (["--gpus", "0"], "gpus"),
+    (["--gpu-memory", "-5"], "gpu-memory"),
+    (["--gpu-memory-utilization", "0"], "gpu-memory-utilization"),
+])
+def test_cli_plan_refuses_impossible_values(args, message):
+    result = CliRunner().invoke(_cli(), ["plan", "--gpu", "RTX 4090D", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and message in result.stderr, result.output
 
 
 def test_cli_models_lists_the_registry():

@@ -59,7 +59,8 @@ def test_page_ranges():
     assert parse_page_ranges("1-3,5", 6) == [0, 1, 2, 4]
     assert parse_page_ranges(None, 3) == [0, 1, 2]
     assert parse_page_ranges(" 2 ", 3) == [1]
-    for bad in ("0", "3-1", "a", "1-9"):
+    assert parse_page_ranges("1 - 2, 2", 3) == [0, 1]
+    for bad in ("0", "3-1", "a", "1-9", "1,,2", "-1", "\u0661", "1-2-3", "+1"):
         with pytest.raises(BadRequest):
             parse_page_ranges(bad, 4)
 

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ocrserve.api.auth import require_api_key
 from ocrserve.api.problems import PROBLEM_JSON
-from ocrserve.api.routes import RAW_TYPES, parse_format, render
+from ocrserve.api.routes import RAW_TYPES, parse_format, parse_timeout, render
 from ocrserve.api.schemas import Problem as ProblemSchema
 from ocrserve.errors import BadRequest, NotFound, Problem, UnsupportedMedia
 from ocrserve.jobs.intake import Upload
@@ -94,14 +94,20 @@ async def read_documents(request: Request, max_files: int) -> tuple[list[Upload]
     return ([Upload(params.get("filename") or "document", io.BytesIO(body))] if body else []), params
 
 
-async def accept_job(request: Request) -> JSONResponse:
+async def accept_job(request: Request, *, sync_params: bool = False) -> JSONResponse:
     """Create a job from the request; 202 with ``Location`` and the job's status.
 
     An ``Idempotency-Key`` seen before with the same request answers with the earlier job
     (``Idempotent-Replayed: true``). ``X-Cache: hit`` when every page came from the dedup cache.
+    With ``sync_params`` (``POST /v1/ocr`` with ``Prefer: respond-async``) the synchronous
+    endpoint's ``timeout`` and ``format`` are checked as that endpoint checks them (400), though a
+    job neither waits nor renders: a request is refused for the same mistakes either way.
     """
     jobs = jobs_of(request)
     uploads, params = await read_documents(request, jobs.config.jobs.max_files)
+    if sync_params:
+        parse_timeout(params.get("timeout"))
+        parse_format(params.get("format"))
     submission = await jobs.intake.submit(uploads, params, request.headers.get("idempotency-key", ""))
     headers = {"Location": f"/v1/jobs/{submission.job.id}", "X-Cache": "hit" if submission.cached else "miss"}
     if not submission.created:

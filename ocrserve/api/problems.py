@@ -8,9 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
-from ocrserve.errors import PROBLEM_BASE, Problem
+from ocrserve.errors import PROBLEM_BASE, ClientGone, Problem
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -47,6 +48,11 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
     return _generic(422, "Validation failed", detail, "validation")
 
 
+async def _on_disconnect(request: Request, exc: ClientDisconnect) -> JSONResponse:
+    log.info("client disconnected during the upload of %s %s", request.method, request.url.path)
+    return problem_response(ClientGone("the client disconnected before its upload was complete"))
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return _generic(500, "Internal error", f"{type(exc).__name__}: the server logged the details", "internal")
@@ -57,4 +63,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(ClientDisconnect, _on_disconnect)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -142,7 +142,7 @@ async def ocr(request: Request) -> Response:
     if "respond-async" in request.headers.get("prefer", ""):
         from ocrserve.api.jobs import accept_job  # here, not at the top: ocrserve.api.jobs imports this module
 
-        return await accept_job(request)
+        return await accept_job(request, sync_params=True)
     require_ready(request)
     data, params = await read_upload(request)
     timeout = parse_timeout(params.get("timeout"))

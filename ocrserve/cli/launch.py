@@ -12,6 +12,7 @@ from ocrserve.cli.common import err_console, load_or_exit
 from ocrserve.config import Config
 from ocrserve.gpus import GpuError
 from ocrserve.launcher import (
+    AddressTaken,
     VllmStartError,
     gateway_command,
     gateway_config,
@@ -53,7 +54,7 @@ def launch(
 
         ocrserve launch --profile prod --dry-run --set vllm.gpu="RTX 4090D"   # plan and commands only
 
-        ocrserve launch --profile prod --set engine.vllm.base_urls=[http://gpu1:8001] --set vllm.max_num_seqs=9
+        ocrserve launch --profile prod --set engine.vllm.base_urls=\\[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
     overrides = list(set_)
     if host is not None:
@@ -62,13 +63,16 @@ def launch(
         overrides.append(f"server.port={port}")
     config = load_or_exit(profile, overrides)
     Console().print(f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
-                    f"({config.engine.model}) on http://{config.server.host}:{config.server.port}")
+                    f"({config.engine.model}) on http://{config.server.host}:{config.server.port}", soft_wrap=True)
     if manages_vllm(config):
         _launch_with_vllm(config, dry_run)
         return
     typer.echo("gateway: " + shlex.join(gateway_command(config)))
     if not dry_run:
-        run_gateway(config)
+        try:
+            run_gateway(config)
+        except AddressTaken as exc:
+            raise _fail(exc) from None
 
 
 def _launch_with_vllm(config: Config, dry_run: bool) -> None:
@@ -85,6 +89,10 @@ def _launch_with_vllm(config: Config, dry_run: bool) -> None:
         return
     try:
         raise typer.Exit(run_with_vllm(config, plan))
-    except VllmStartError as exc:
-        err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
-        raise typer.Exit(1) from None
+    except (VllmStartError, AddressTaken) as exc:
+        raise _fail(exc) from None
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
+    return typer.Exit(1)

@@ -30,15 +30,23 @@ class JobFailed(Exception):
     """A job ended without a result to write (failed or cancelled)."""
 
 
-def _output_path(doc: Path, out: Path, fmt: str) -> Path:
-    return out / (doc.name + SUFFIX[fmt])
+def _output_path(doc: Path, name: Path, out: Optional[Path], fmt: str) -> Path:
+    """Where a document's result goes: ``out/<name>.<suffix>``, else next to the document."""
+    if out is None:
+        return doc.with_name(doc.name + SUFFIX[fmt])
+    return out / name.with_name(name.name + SUFFIX[fmt])
+
+
+def _write(target: Path, text: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
 
 
 def _serialize(result: dict | str) -> str:
     return json.dumps(result, ensure_ascii=False, indent=2) if isinstance(result, dict) else result
 
 
-async def _run(docs: list[Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
+async def _run(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
                api_key: Optional[str], pages: Optional[str]) -> dict[Path, str | Exception]:
     outcomes: dict[Path, str | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
@@ -51,7 +59,7 @@ async def _run(docs: list[Path], url: str, fmt: str, out: Optional[Path], concur
                     try:
                         text = _serialize(await client.ocr(doc, fmt=fmt, pages=pages))
                         if out:
-                            _output_path(doc, out, fmt).write_text(text, encoding="utf-8")
+                            _write(_output_path(doc, docs[doc], out, fmt), text)
                         outcomes[doc] = text
                     except (RequestFailed, OSError, Exception) as exc:  # report every failure, keep going
                         outcomes[doc] = exc
@@ -67,14 +75,14 @@ def _progress() -> Progress:
     return Progress(*columns, console=err_console)
 
 
-async def _run_jobs(docs: list[Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
+async def _run_jobs(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
                     api_key: Optional[str], pages: Optional[str], priority: Optional[int]) -> dict[Path, str | Exception]:
     """Submit every document as a job, then follow each and write its result; returns what happened
     to each (``"written"``, ``"skipped"``, or the exception)."""
     outcomes: dict[Path, str | Exception] = {}
     todo = []
     for doc in docs:
-        if _output_path(doc, out or doc.parent, fmt).exists():
+        if _output_path(doc, docs[doc], out, fmt).exists():
             outcomes[doc] = "skipped"
         else:
             todo.append(doc)
@@ -97,7 +105,8 @@ async def _run_jobs(docs: list[Path], url: str, fmt: str, out: Optional[Path], c
             async def follow(doc: Path, job_id: str) -> None:
                 async with limit:
                     try:
-                        await _follow(client, doc, job_id, fmt, out, lambda: progress.advance(bar))
+                        target = _output_path(doc, docs[doc], out, fmt)
+                        await _follow(client, doc, job_id, fmt, target, lambda: progress.advance(bar))
                         outcomes[doc] = "written"
                     except (RequestFailed, JobFailed, OSError, httpx.HTTPError) as exc:
                         outcomes[doc] = exc
@@ -109,8 +118,8 @@ async def _run_jobs(docs: list[Path], url: str, fmt: str, out: Optional[Path], c
     return outcomes
 
 
-async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, out: Optional[Path], advance) -> None:
-    """Follow one job's events to its end, then write its result next to ``doc`` (or in ``out``)."""
+async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, target: Path, advance) -> None:
+    """Follow one job's events to its end, then write its result to ``target``."""
     final: dict = {}
     async for event, data in client.job_events(job_id):
         if event == "page":
@@ -120,7 +129,7 @@ async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, out: Opti
     if final.get("status") not in WRITTEN:
         raise JobFailed(f"job {job_id} ended {final.get('status')}: {final.get('errors') or 'no result'}")
     result = await client.job_result(job_id, fmt=fmt)
-    _output_path(doc, out or doc.parent, fmt).write_text(_serialize(result), encoding="utf-8")
+    _write(target, _serialize(result))
     if final["status"] == "partial":
         err_console.print(f"[yellow]partial[/yellow] {doc}: {final['pages_failed']} page(s) failed")
 
@@ -129,7 +138,9 @@ def ocr(
     paths: Annotated[list[Path], typer.Argument(help="Files or directories (searched recursively).")],
     url: Annotated[str, typer.Option(envvar="OCRSERVE_URL", help="Gateway base URL.")] = "http://127.0.0.1:8000",
     format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown.")] = "text",
-    out: Annotated[Optional[Path], typer.Option(help="Write <name>.<txt|json|md> here instead of printing.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are kept).",
+    )] = None,
     pages: Annotated[Optional[str], typer.Option(help="Page ranges, e.g. 1-3,5.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Documents in flight at once.")] = 4,
     api_key: Annotated[Optional[str], typer.Option(envvar="OCRSERVE_API_KEY", help="API key, if the server wants one.")] = None,
@@ -156,7 +167,7 @@ def ocr(
         raise typer.Exit(2)
     try:
         docs = collect_documents(paths)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if not docs:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from ocrserve.config import ConfigError, load_config
 from ocrserve.gpus import GpuError, resolve_gpu
@@ -31,47 +31,48 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _profile_settings(profile: str) -> dict:
-    """Model, pixel budget and ``vllm`` section of a profile; empty when the profile is absent.
+def _profile_settings(profile: str, model: str | None) -> dict:
+    """Model, pixel budget and ``vllm`` section of a profile; empty for ``--profile ''``.
 
     Only profiles of the ``vllm`` engine are used (the CPU profiles' models and pixel budgets belong
-    to other engines). The ``vllm`` section is read if the profile has one; keys are vLLM engine
-    arguments.
+    to other engines). A profile's pixel budget and factor belong to its model, so they are left
+    out when ``model`` names another. The ``vllm`` section's keys are vLLM engine arguments.
+
+    Raises:
+        typer.Exit: the profile does not exist or is invalid (2).
     """
+    if not profile:
+        return {}
     try:
         config = load_config(profile, environ={})
     except ConfigError as exc:
-        err_console.print(f"note: profile {profile!r} not used ({exc}); planning from the flags alone",
-                          style="dim", highlight=False)
-        return {}
+        raise _fail(f"{exc} (plan without a profile: --profile '')") from None
     if config.engine.kind != "vllm":
         err_console.print(f"note: profile {profile!r} runs the {config.engine.kind} engine; planning from the "
                           "flags alone", style="dim", highlight=False)
         return {}
-    settings = {
-        "model": config.engine.model,
-        "min_pixels": config.preprocess.min_pixels,
-        "max_pixels": config.preprocess.max_pixels,
-        "factor": config.preprocess.factor,
-    }
-    vllm_section = getattr(config, "vllm", None)
-    if vllm_section is not None:
-        settings["vllm"] = vllm_section.model_dump() if hasattr(vllm_section, "model_dump") else dict(vllm_section)
+    settings: dict = {"model": config.engine.model, "vllm": config.vllm.model_dump()}
+    if model is None or model == config.engine.model:
+        settings.update(min_pixels=config.preprocess.min_pixels, max_pixels=config.preprocess.max_pixels,
+                        factor=config.preprocess.factor)
     return settings
 
 
 def plan(
     profile: Annotated[str, typer.Option(help="Profile supplying model, pixel budget and vllm settings "
-                                              "(flags win); works without one.")] = "prod",
+                                              "(flags win); '' for none.")] = "prod",
     model: Annotated[Optional[str], typer.Option(help="Registry id or a local folder with config.json.")] = None,
     gpu: Annotated[str, typer.Option(help="GPU name (e.g. 'RTX 4090D', a100-80g) or 'auto' to detect.")] = "auto",
-    gpu_memory: Annotated[Optional[float], typer.Option(help="Memory per GPU, GiB (overrides the registry).")] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="Number of GPUs (default: 1, or all detected with auto).")] = None,
-    p95: Annotated[Optional[float], typer.Option(help="p95 page-latency target, s: caps --max-num-seqs (decode speed "
+    gpu_memory: Annotated[Optional[float], typer.Option(min=1, help="Memory per GPU, GiB (overrides the registry).")]
+    = None,
+    gpus: Annotated[Optional[int], typer.Option(min=1, help="Number of GPUs (default: 1, or all detected with auto).")]
+    = None,
+    p95: Annotated[Optional[float], typer.Option(min=0.001, help="p95 page-latency target, s: caps --max-num-seqs (decode speed "
                                                               "estimated from the GPU's memory bandwidth).")] = None,
-    max_pixels: Annotated[Optional[int], typer.Option(help="Pixel budget per page (overrides the profile).")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output-token budget per page.")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory vLLM may use "
+    max_pixels: Annotated[Optional[int], typer.Option(min=1, help="Pixel budget per page (overrides the profile).")]
+    = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Output-token budget per page.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.01, max=1.0, help="Fraction of GPU memory vLLM may use "
                                                                          "(default 0.90).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")]
     = Format.table,
@@ -94,7 +95,7 @@ def plan(
 
         ocrserve plan --model ./checkpoints/my-qwen2.5-vl --gpu auto
     """
-    settings = _profile_settings(profile)
+    settings = _profile_settings(profile, model)
     vllm_settings = dict(settings.get("vllm") or {})
     try:
         spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
@@ -133,7 +134,7 @@ def models() -> None:
 
         ocrserve models
     """
-    table = Table("model", "params", "layers x kv heads x head dim", "KV/token", "factor", "pixels",
+    table = Table(Column("model", overflow="fold"), "params", "layers x kv heads x head dim", "KV/token", "factor", "pixels",
                   "max tokens", "vLLM >=")
     for spec in REGISTRY.values():
         pixels = (f"{spec.min_pixels:,}..{spec.max_pixels:,}" if spec.supports_pixel_budget

@@ -131,6 +131,7 @@ class Intake:
         staged.append(path)
         info = await self.preprocessor.inspect(path)
         indices = parse_page_ranges(pages, info.page_count)
+        info.refuse_if_all_too_large(indices, self.config.preprocess)
         sha256 = hasher.hexdigest()
         return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
 

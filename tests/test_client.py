@@ -1,0 +1,43 @@
+"""The command-line client (``ocrserve ocr``) against the session gateway, and its file collection."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ocrserve.client import collect_documents
+from tests.conftest import DATA, ground_truth
+
+
+def test_documents_are_named_relative_to_the_folder_they_were_found_in(tmp_path):
+    (tmp_path / "scans" / "a").mkdir(parents=True)
+    (tmp_path / "scans" / "a" / "x.tif").write_bytes(b"")
+    (tmp_path / "scans" / "notes.txt").write_text("not a document")
+    (tmp_path / "y.png").write_bytes(b"")
+    found = collect_documents([tmp_path / "scans", tmp_path / "y.png", tmp_path / "scans" / "a" / "x.tif"])
+    assert found == {tmp_path / "scans" / "a" / "x.tif": Path("a/x.tif"), tmp_path / "y.png": Path("y.png")}
+
+
+def test_two_documents_that_would_share_a_result_name_are_refused(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.tif").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"a/x.tif and .*b/x.tif would both be written as x.tif"):
+        collect_documents([tmp_path / "a" / "x.tif", tmp_path / "b" / "x.tif"])
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        collect_documents([tmp_path / "missing.pdf"])
+
+
+def test_cli_out_keeps_subfolders_so_same_names_do_not_collide(gateway, tmp_path):
+    for folder, sample in (("a", "phototest.tif"), ("b", "testTIFF_multipage.tif")):
+        (tmp_path / "in" / folder).mkdir(parents=True)
+        (tmp_path / "in" / folder / "x.tif").write_bytes((DATA / sample).read_bytes())
+    done = subprocess.run([sys.executable, "-m", "ocrserve", "ocr", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+                           "--url", gateway.url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "wrote 2 result(s)" in done.stderr
+    assert (tmp_path / "out" / "a" / "x.tif.txt").read_text().startswith(ground_truth("phototest.tif")[:30])
+    assert (tmp_path / "out" / "b" / "x.tif.txt").read_text().startswith("Multipage\nTIFF\nExample\nPage 1")

@@ -76,7 +76,7 @@ def _unique_names(found: dict[Path, Path]) -> dict[Path, Path]:
     seen: dict[Path, Path] = {}
     for doc, name in found.items():
         other = seen.setdefault(name, doc)
-        if other != doc and other.resolve() != doc.resolve():
+        if other != doc:
             raise ValueError(f"{other} and {doc} would both be written as {name}; name them in separate runs")
     return found
 

@@ -67,13 +67,14 @@ def plan(
     = None,
     gpus: Annotated[Optional[int], typer.Option(min=1, help="Number of GPUs (default: 1, or all detected with auto).")]
     = None,
-    p95: Annotated[Optional[float], typer.Option(min=0.001, help="p95 page-latency target, s: caps --max-num-seqs (decode speed "
-                                                              "estimated from the GPU's memory bandwidth).")] = None,
+    p95: Annotated[Optional[float], typer.Option(
+        min=0.001, help="p95 page-latency target, s: caps --max-num-seqs (decode speed estimated from the GPU's "
+                        "memory bandwidth).")] = None,
     max_pixels: Annotated[Optional[int], typer.Option(min=1, help="Pixel budget per page (overrides the profile).")]
     = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Output-token budget per page.")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.01, max=1.0, help="Fraction of GPU memory vLLM may use "
-                                                                         "(default 0.90).")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        min=0.01, max=1.0, help="Fraction of GPU memory vLLM may use (default 0.90).")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")]
     = Format.table,
 ) -> None:
@@ -134,8 +135,8 @@ def models() -> None:
 
         ocrserve models
     """
-    table = Table(Column("model", overflow="fold"), "params", "layers x kv heads x head dim", "KV/token", "factor", "pixels",
-                  "max tokens", "vLLM >=")
+    table = Table(Column("model", overflow="fold"), "params", "layers x kv heads x head dim", "KV/token", "factor",
+                  "pixels", "max tokens", "vLLM >=")
     for spec in REGISTRY.values():
         pixels = (f"{spec.min_pixels:,}..{spec.max_pixels:,}" if spec.supports_pixel_budget
                   else "tiled (1024 + 6x640)")

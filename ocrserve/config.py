@@ -47,11 +47,11 @@ class OnnxEngineConfig(Section):
 
     det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
     background_threads: int = Field(
-        1, ge=0, description="onnxruntime threads detecting pages of priority > 0 (bulk); 0 = one per core"
+        1, ge=0, description="onnxruntime threads per stage session of pages of priority > 0 (bulk); 0 = one per core"
     )
     background_nice: int = Field(
-        10, ge=0, le=19, description="Nice value added to the threads detecting bulk pages (Linux), so an "
-                                     "interactive page takes the cores from them at once; 0 = off"
+        19, ge=0, le=19, description="Nice value added to the threads running bulk pages' stages (Linux), so "
+                                     "an interactive page takes the cores from them at once; 0 = off"
     )
     max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")
     rec_batch_num: int = Field(6, ge=1, description="Crops per ONNX run within a group (sorted by width first)")

@@ -46,7 +46,7 @@ async def crops():
     """Real text-line crops of tesseract's phototest page, from the engine's detector."""
     engine = OnnxEngine(EngineConfig())
     await engine.start()
-    detection = engine._detect(load_page("phototest.tif").image, engine._ocr.text_det)
+    detection = engine._detect(load_page("phototest.tif").image, 0)
     yield engine, detection.crops
     await engine.close()
 
@@ -55,9 +55,9 @@ async def test_urgent_crops_run_before_queued_bulk_runs(crops):
     engine, lines = crops
     calls: list[int] = []
 
-    def recognize(batch):
+    def recognize(batch, priority):
         calls.append(len(batch))
-        return engine._recognize(batch)
+        return engine._recognize(batch, priority)
 
     batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=2)
     batcher.start()

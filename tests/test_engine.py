@@ -72,15 +72,26 @@ async def test_failing_page_fails_alone(engine):
     assert outcomes[1].text.startswith("This is a lot of 12 point text")
 
 
-async def test_bulk_pages_detect_on_lower_priority_threads(engine):
-    """The threads detecting bulk pages run at nice +10 (engine.onnx.background_nice); the threads
-    detecting interactive pages keep the process's nice value."""
+async def test_bulk_pages_run_on_lower_priority_threads(engine):
+    """Detection and recognition of bulk pages run on threads at nice +19 (engine.onnx.background_nice,
+    capped at 19); those of interactive pages keep the process's nice value."""
+    seen: set[tuple[str, int, int]] = set()
+    detect, recognize = engine._detect, engine._recognize
+
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    loop = asyncio.get_running_loop()
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert await loop.run_in_executor(engine._background_pool, nice) == min(base + 10, 19)
-    assert await loop.run_in_executor(engine._det_pool, nice) == base
-    result = await engine.ocr_page(load_page("phototest.tif"), priority=5)
-    assert result.text.startswith("This is a lot of 12 point text")
+    def detecting(image, priority):
+        seen.add(("det", priority, nice()))
+        return detect(image, priority)
+
+    def recognizing(crops, priority):
+        seen.add(("rec", priority, nice()))
+        return recognize(crops, priority)
+
+    engine._detect, engine._batcher._recognize = detecting, recognizing
+    page = load_page("phototest.tif")
+    bulk, interactive = await engine.ocr_page(page, priority=5), await engine.ocr_page(page, priority=0)
+    assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
+    base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 19, 19)
+    assert seen == {("det", 5, low), ("rec", 5, low), ("det", 0, base), ("rec", 0, base)}

@@ -19,6 +19,8 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -32,9 +34,31 @@ from ocrserve.engines.base import PageError
 
 log = logging.getLogger(__name__)
 
-Recognize = Callable[[list[np.ndarray]], list[tuple[str, float]]]
+Recognize = Callable[[list[np.ndarray], int], list[tuple[str, float]]]
 #: Seconds between checks of the gate while recognition runs wait for a more urgent page.
 GATE_POLL_S = 0.005
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Add ``nice`` to the calling thread's nice value (Linux, where it is a per-thread attribute:
+    ``man 2 setpriority``, BUGS); elsewhere, or where refused, log and carry on.
+
+    Raising one's own nice value needs no privilege; it cannot be lowered again without
+    CAP_SYS_NICE, so this is for threads that only ever run background work.
+    """
+    if not nice:
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nice)
+    except (AttributeError, OSError) as exc:
+        log.warning("cannot lower the priority of background threads: %s", exc)
+
+
+def background_pool(workers: int, nice: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads run at ``nice`` (see :func:`lower_thread_priority`), for the
+    stages of less urgent pages."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=lower_thread_priority, initargs=(nice,))
 
 
 class PriorityGate:
@@ -173,13 +197,16 @@ class RecBatcher:
         rec_batch_num: crops per ONNX run.
         gate: the engine's :class:`PriorityGate`; a run waits while a more urgent page is in the
             engine (even one still in detection), so that page has the cores to itself.
+        background_nice: nice value of the thread that runs groups of priority > 0.
 
-    :meth:`submit` is called from the event loop; recognition runs on one dedicated thread. Crops
-    that arrive while a group runs form the next group (continuous batching).
+    :meth:`submit` is called from the event loop; ``recognize(crops, priority)`` runs one ONNX run
+    at a time, on a dedicated thread (groups of priority > 0 on a second one, at
+    ``background_nice``). Crops that arrive while a group runs form the next group (continuous
+    batching).
     """
 
     def __init__(self, recognize: Recognize, max_batch_size: int, max_wait_ms: float, rec_batch_num: int,
-                 gate: PriorityGate | None = None):
+                 gate: PriorityGate | None = None, background_nice: int = 0):
         self._recognize = recognize
         self._gate = gate or PriorityGate()
         self.max_batch_size = max_batch_size
@@ -190,6 +217,9 @@ class RecBatcher:
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
+        self._background = background_pool(1, background_nice, "ocrserve-bg-rec")
+        self._busy: set[bool] = set()  # which threads run now: True = the urgent one
+        self._inflight: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # crops per group, recent groups
 
@@ -212,12 +242,17 @@ class RecBatcher:
         while True:
             if self._waiting and (not self._runs or self._waiting[0][0] < self._runs[0][0]):
                 await self._form_group(wait=not self._runs)
-            elif self._runs and self._gate.clear_for(self._runs[0][0]):
-                await self._run_next()
-            else:  # nothing to do, or the next run yields to a more urgent page still in detection
+            elif self._runs and self._may_start(self._runs[0][0]):
+                self._start_next()
+            else:  # nothing to do, its thread is busy, or it yields to a more urgent page in detection
                 self._arrived.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), GATE_POLL_S if self._runs else None)
+
+    def _may_start(self, priority: int) -> bool:
+        """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
+        is free and no more urgent page is in the engine."""
+        return (priority <= 0) not in self._busy and self._gate.clear_for(priority)
 
     async def _form_group(self, wait: bool) -> None:
         """Gather the most urgent waiting items into a group and queue its runs. With ``wait``
@@ -247,27 +282,47 @@ class RecBatcher:
     def _crops(items: list[_Item]) -> int:
         return sum(len(item.crops) for item in items)
 
-    async def _run_next(self) -> None:
+    def _start_next(self) -> None:
+        """Start the next run on its thread. An urgent run may start while a background run is in
+        progress: the background thread's low priority then gives it the cores."""
         _, _, group, indices = heapq.heappop(self._runs)
+        urgent = group.priority <= 0
+        self._busy.add(urgent)
+        task = asyncio.create_task(self._run_group(group, indices))
+        self._inflight.add(task)
+
+        def finished(done: asyncio.Task) -> None:
+            self._inflight.discard(done)
+            self._busy.discard(urgent)
+            self._arrived.set()
+
+        task.add_done_callback(finished)
+
+    async def _run_group(self, group: _Group, indices: list[int]) -> None:
         crops = [group.crops[i] for i in indices]
-        loop = asyncio.get_running_loop()
         try:
-            outcomes = await loop.run_in_executor(self._thread, self._recognize, crops)
+            outcomes = await self._run(crops, group.priority)
         except Exception:  # one crop broke the run: recognize each alone, so only its page fails
             log.exception("recognition of %d crops failed; retrying them one by one", len(crops))
-            outcomes = [await self._alone(crop) for crop in crops]
+            outcomes = [await self._alone(crop, group.priority) for crop in crops]
         group.fill(indices, outcomes)
 
-    async def _alone(self, crop: np.ndarray):
+    async def _run(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
+        thread = self._thread if priority <= 0 else self._background
+        return await asyncio.get_running_loop().run_in_executor(thread, self._recognize, crops, priority)
+
+    async def _alone(self, crop: np.ndarray, priority: int):
         try:
-            (outcome,) = await asyncio.get_running_loop().run_in_executor(self._thread, self._recognize, [crop])
+            (outcome,) = await self._run([crop], priority)
             return outcome
         except Exception as exc:
             return exc
 
     async def close(self) -> None:
         """Stop the loop and the recognition thread."""
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [self._task, *self._inflight]:
+            if task:
+                task.cancel()
+        await asyncio.gather(*(t for t in [self._task, *self._inflight] if t), return_exceptions=True)
         self._thread.shutdown(wait=False, cancel_futures=True)
+        self._background.shutdown(wait=False, cancel_futures=True)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,13 +21,14 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image, ImageDraw
 from rapidocr import RapidOCR
+from rapidocr.ch_ppocr_cls import TextClassifier
 from rapidocr.ch_ppocr_det import TextDetector
-from rapidocr.ch_ppocr_rec import TextRecInput
+from rapidocr.ch_ppocr_rec import TextRecInput, TextRecognizer
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher
+from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher, background_pool
 from ocrserve.pages import Line, Page, PageResult
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,15 @@ class Detection:
     boxes: np.ndarray
     crops: list[np.ndarray]
     det_s: float
+
+
+@dataclass
+class Stages:
+    """One set of rapidocr stage sessions: detection, orientation classification, recognition."""
+
+    det: TextDetector
+    cls: TextClassifier
+    rec: TextRecognizer
 
 
 def rapidocr_params(cfg: OnnxEngineConfig) -> dict:
@@ -71,14 +79,14 @@ class OnnxEngine(Engine):
     ``slots`` is ``2 * det_workers``: one page in detection per worker while the previous one is
     in recognition, which keeps both stages busy without queueing pages inside the engine.
 
-    Pages of priority 0 (the fast lane) detect with a session using every core; less urgent
-    pages with a second session of ``background_threads`` threads, which leaves a core for an
-    interactive page that arrives while a bulk page is detecting (a running ONNX run cannot be
-    interrupted) and, pipelined with recognition, still keeps both cores busy (measured on 2
-    cores, bulk only: 77 pages/min with one thread, 69 with two). Those background threads also
-    run at ``background_nice``: the OS scheduler then hands the cores to an interactive page at
-    once, so a bulk run in progress no longer delays it, and bulk work still gets every cycle
-    nobody else wants.
+    Pages of priority 0 (the fast lane) run on sessions using every core. Less urgent pages run
+    on a second set of sessions with ``background_threads`` threads each, on threads of their own
+    at ``background_nice``: with one thread an ONNX run stays on its calling thread, so the OS
+    scheduler hands the cores to an interactive page the moment it arrives, even in the middle
+    of a bulk page's run (which cannot be interrupted otherwise), while bulk stages still share
+    the cores among themselves as before. One thread per bulk stage also pipelines detection
+    and recognition of different pages on 2 cores better than two threads each (measured, bulk
+    only: 77 pages/min against 69).
     """
 
     def __init__(self, cfg: EngineConfig):
@@ -87,12 +95,11 @@ class OnnxEngine(Engine):
         self.model = cfg.model
         self._ocr: RapidOCR | None = None
         self._det_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-det")
-        self._background_pool = ThreadPoolExecutor(self.cfg.det_workers, thread_name_prefix="ocrserve-bg-det",
-                                                   initializer=lower_thread_priority,
-                                                   initargs=(self.cfg.background_nice,))
+        self._background_pool = background_pool(self.cfg.det_workers, self.cfg.background_nice, "ocrserve-bg-det")
         self._det_turn = PrioritySemaphore(self.cfg.det_workers)  # pages of priority 0
         self._background_turn = PrioritySemaphore(self.cfg.det_workers)  # every other page
-        self._background_det: TextDetector | None = None
+        self._urgent: Stages | None = None
+        self._background: Stages | None = None
         self._batcher: RecBatcher | None = None
         self._gate = PriorityGate()
 
@@ -106,21 +113,21 @@ class OnnxEngine(Engine):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
         self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms,
-                                   self.cfg.rec_batch_num, self._gate)
+                                   self.cfg.rec_batch_num, self._gate, self.cfg.background_nice)
         self._batcher.start()
         self.ready = True
 
     def _load_and_warm(self) -> None:
         ocr = RapidOCR(params=rapidocr_params(self.cfg))
-        ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model()
-        for stage in (ocr.text_det, ocr.text_cls, ocr.text_rec):
-            _stop_spinning(stage.session, self.cfg.intra_op_num_threads)
-        self._background_det = TextDetector(ocr.cfg.Det)
-        _stop_spinning(self._background_det.session, self.cfg.background_threads)
+        self._urgent = Stages(ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model())
+        self._background = Stages(TextDetector(ocr.cfg.Det), TextClassifier(ocr.cfg.Cls), TextRecognizer(ocr.cfg.Rec))
+        sets = [(self._urgent, self.cfg.intra_op_num_threads), (self._background, self.cfg.background_threads)]
+        for stages, threads in sets:
+            for stage in (stages.det, stages.cls, stages.rec):
+                _stop_spinning(stage.session, threads)
         self._ocr = ocr
-        detection = self._detect(_warm_up_image(), ocr.text_det)
-        self._detect(_warm_up_image(), self._background_det)
-        self._recognize(detection.crops)
+        for priority in (0, 1):
+            self._recognize(self._detect(_warm_up_image(), priority).crops, priority)
 
     async def close(self) -> None:
         self.ready = False
@@ -134,24 +141,27 @@ class OnnxEngine(Engine):
         """Crops per recognition batch, the last 1024 batches."""
         return list(self._batcher.batch_sizes) if self._batcher else []
 
-    def _detect(self, image_rgb: np.ndarray, detector: TextDetector) -> Detection:
+    def _stages(self, priority: int) -> Stages:
+        return self._urgent if priority <= 0 else self._background
+
+    def _detect(self, image_rgb: np.ndarray, priority: int) -> Detection:
         started = time.perf_counter()
-        ocr = self._ocr
+        ocr, stages = self._ocr, self._stages(priority)
         bgr = np.ascontiguousarray(image_rgb[:, :, ::-1])
         img, op_record = ocr.preprocess_img(bgr)
         det_img, op_record = _vertical_padding(ocr, img, op_record)
-        det = detector(det_img)
+        det = stages.det(det_img)
         if det.boxes is None or len(det.boxes) == 0:
             return Detection(np.zeros((0, 4, 2), np.float32), [], time.perf_counter() - started)
         crops = ocr.crop_text_regions(det_img, det.boxes)
         if ocr.use_cls:
-            crops = ocr.text_cls(crops).img_list
+            crops = stages.cls(crops).img_list
         h, w = bgr.shape[:2]
         boxes = map_boxes_to_original(np.array(det.boxes, dtype=np.float32), op_record, h, w)
         return Detection(boxes, list(crops), time.perf_counter() - started)
 
-    def _recognize(self, crops: list[np.ndarray]) -> list[tuple[str, float]]:
-        out = self._ocr.text_rec(TextRecInput(img=crops))
+    def _recognize(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
+        out = self._stages(priority).rec(TextRecInput(img=crops))
         return list(zip(out.txts, (float(s) for s in out.scores)))
 
     async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
@@ -179,32 +189,15 @@ class OnnxEngine(Engine):
         await self._gate.turn(priority)
         urgent = priority <= 0
         turn = self._det_turn if urgent else self._background_turn
-        detector = self._ocr.text_det if urgent else self._background_det
         pool = self._det_pool if urgent else self._background_pool
         async with turn.hold(priority):
             try:
-                detection = await loop.run_in_executor(pool, self._detect, page.image, detector)
+                detection = await loop.run_in_executor(pool, self._detect, page.image, priority)
             except Exception as exc:
                 raise PageError(f"text detection failed: {exc}") from exc
         started = time.perf_counter()
         recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Add ``nice`` to the calling thread's nice value (Linux, where it is a per-thread attribute:
-    ``man 2 setpriority``, BUGS); elsewhere, or where refused, log and carry on.
-
-    Raising one's own nice value needs no privilege; it cannot be lowered again without
-    CAP_SYS_NICE, so this is for threads that only ever run background work.
-    """
-    if not nice:
-        return
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nice)
-    except (AttributeError, OSError) as exc:
-        log.warning("cannot lower the priority of background detection threads: %s", exc)
 
 
 def _stop_spinning(wrapper, intra_op_num_threads: int) -> None:

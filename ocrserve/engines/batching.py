@@ -7,9 +7,10 @@ step (lower ``priority`` value = more urgent, as in vLLM):
 - :class:`PriorityGate`: a page's next stage waits while a more urgent page is in the engine.
 - :class:`PrioritySemaphore`: the detection workers go to the most urgent waiting page first.
 - :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups, sorted
-  by aspect ratio, and recognized ``rec_batch_num`` at a time; between two ONNX runs the most
-  urgent queued run goes next, and less urgent runs pause while a more urgent page is anywhere in
-  the engine, so an urgent page waits for at most one run of a bulk page.
+  by aspect ratio, and recognized ``rec_batch_num`` at a time; the most urgent queued run goes
+  next, less urgent runs pause while a more urgent page is anywhere in the engine, and an urgent
+  run does not wait for a bulk run in progress: that one is on a thread of its own at low OS
+  priority (:func:`background_pool`), which yields the cores to it.
 """
 
 from __future__ import annotations

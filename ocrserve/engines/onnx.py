@@ -108,8 +108,9 @@ class OnnxEngine(Engine):
         return 2 * self.cfg.det_workers
 
     async def start(self) -> None:
-        """Load the three ONNX sessions and run one synthetic page through them (straight, not
-        through the batcher, which would hold it for ``max_wait_ms``)."""
+        """Load both sets of ONNX sessions (detection, orientation, recognition) and run one synthetic
+        page through each (straight, not through the batcher, which would hold it for
+        ``max_wait_ms``)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
         self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms,

@@ -115,7 +115,17 @@ def run_gateway(config: Config) -> None:
         AddressTaken: before any model is loaded.
     """
     listening = listening_socket(config)
-    uvicorn.Server(uvicorn_config(config)).run(sockets=[listening])
+    GatewayServer(uvicorn_config(config)).run(sockets=[listening])
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn serving on a socket bound beforehand (:func:`listening_socket`); uvicorn announces
+    only the sockets it binds itself, so this announces the gateway once it accepts requests."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:
+            say(f"gateway listening on http://{self.config.host}:{self.config.port} (Ctrl-C to stop)")
 
 
 def plan_for(config: Config) -> Plan:
@@ -309,7 +319,7 @@ async def supervise(vllm: VllmProcess, stop: asyncio.Event, cfg: VllmConfig) -> 
         say("vLLM is healthy again")
 
 
-class _Gateway(uvicorn.Server):
+class _Gateway(GatewayServer):
     """uvicorn with SIGINT/SIGTERM left to the launcher, which stops vLLM after the drain (uvicorn's
     own handling re-raises the signal after shutdown, which would end the process first)."""
 

@@ -79,7 +79,7 @@ def test_job_lifecycle_result_and_formats(http):
     text = http.get(f"/v1/jobs/{job_id}/result", params={"format": "text"})
     assert text.headers["content-type"].startswith("text/plain")
     assert [page_number(t) for t in text.text.split("\f")[:3]] == [1, 2, 3]
-    assert http.get(f"/v1/jobs/{job_id}/result?format=markdown").text.startswith("## Page 1")
+    assert http.get(f"/v1/jobs/{job_id}/result?format=markdown").text.startswith("# numbers.tif\n\n## Page 1\n")
     assert_problem(http.get(f"/v1/jobs/{job_id}/result?format=pdf"), 400, "format")
     assert_problem(http.get("/v1/jobs/nope"), 404, "no job 'nope'")
     assert_problem(http.get("/v1/jobs/nope/events"), 404, "no job")

@@ -144,13 +144,13 @@ def test_vllm_exiting_before_healthy_fails_fast_with_its_last_lines(tmp_path):
     output = launch.output()
     assert "vLLM exited with code 1 before it was healthy" in output
     assert "vllm | RuntimeError: CUDA out of memory (stand-in)" in output.split("before it was healthy")[1]
-    assert "Uvicorn running" not in output
+    assert "gateway listening" not in output
 
 
 def test_gateway_starts_after_vllm_is_healthy_and_reads_through_it(launched):
     output = launched.output()
     order = [f"waiting for {launched.vllm_url}/health", "vllm | fake vllm: serve tencent/HunyuanOCR",
-             "vLLM is healthy; starting the gateway", f"Uvicorn running on {launched.url}"]
+             "vLLM is healthy; starting the gateway", f"gateway listening on {launched.url}"]
     positions = [output.index(marker) for marker in order]
     assert positions == sorted(positions), output
     assert f"vLLM:    {FAKE_VLLM} serve tencent/HunyuanOCR" in output

@@ -50,7 +50,7 @@ class OnnxEngineConfig(Section):
         1, ge=0, description="onnxruntime threads per stage session of pages of priority > 0 (bulk); 0 = one per core"
     )
     background_nice: int = Field(
-        19, ge=0, le=19, description="Nice value added to the threads running bulk pages' stages (Linux), so "
+        10, ge=0, le=19, description="Nice value added to the threads running bulk pages' stages (Linux), so "
                                      "an interactive page takes the cores from them at once; 0 = off"
     )
     max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")

@@ -73,8 +73,8 @@ async def test_failing_page_fails_alone(engine):
 
 
 async def test_bulk_pages_run_on_lower_priority_threads(engine):
-    """Detection and recognition of bulk pages run on threads at nice +19 (engine.onnx.background_nice,
-    capped at 19); those of interactive pages keep the process's nice value."""
+    """Detection and recognition of bulk pages run on threads at nice +10 (engine.onnx.background_nice);
+    those of interactive pages keep the process's nice value."""
     seen: set[tuple[str, int, int]] = set()
     detect, recognize = engine._detect, engine._recognize
 
@@ -93,5 +93,5 @@ async def test_bulk_pages_run_on_lower_priority_threads(engine):
     page = load_page("phototest.tif")
     bulk, interactive = await engine.ocr_page(page, priority=5), await engine.ocr_page(page, priority=0)
     assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
-    base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 19, 19)
+    base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10, 19)
     assert seen == {("det", 5, low), ("rec", 5, low), ("det", 0, base), ("rec", 0, base)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 
 class Alarm:
@@ -21,6 +20,18 @@ class Alarm:
 
     async def sleep(self, seconds: float) -> None:
         """Return after at most ``seconds`` (s), sooner if rung; the ring is then reset."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._rung.wait(), seconds)
+        await wait_event(self._rung, seconds)
         self._rung.clear()
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait until ``event`` is set or ``timeout`` seconds (None: no limit) have passed.
+
+    Unlike ``asyncio.wait_for`` before Python 3.12, this never swallows a cancellation that
+    arrives as the event is set (CPython gh-86296), which would leave a cancelled loop running.
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ocrserve import metrics
+from ocrserve.alarm import wait_event
 from ocrserve.engines.base import PageError
 
 log = logging.getLogger(__name__)
@@ -247,8 +248,7 @@ class RecBatcher:
                 self._start_next()
             else:  # nothing to do, its thread is busy, or it yields to a more urgent page in detection
                 self._arrived.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), GATE_POLL_S if self._runs else None)
+                await wait_event(self._arrived, GATE_POLL_S if self._runs else None)
 
     def _may_start(self, priority: int) -> bool:
         """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
@@ -268,8 +268,7 @@ class RecBatcher:
             if self._crops(items) >= self.max_batch_size or remaining <= 0:
                 break
             self._arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            await wait_event(self._arrived, remaining)
         items = [item for item in items if not item.future.done()]
         if not items:
             return

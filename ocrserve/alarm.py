@@ -18,20 +18,16 @@ class Alarm:
         """Wake the sleeper now (or make its next sleep return at once)."""
         self._rung.set()
 
-    async def sleep(self, seconds: float) -> None:
-        """Return after at most ``seconds`` (s), sooner if rung; the ring is then reset."""
-        await wait_event(self._rung, seconds)
+    async def sleep(self, seconds: float | None) -> None:
+        """Return after at most ``seconds`` (s; None: no limit), sooner if rung; the ring is then reset.
+
+        Waits with ``asyncio.wait``: ``asyncio.wait_for`` before Python 3.12 can swallow a
+        cancellation that arrives as the ring does (CPython gh-86296), which would leave a
+        cancelled loop running.
+        """
+        waiter = asyncio.ensure_future(self._rung.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=seconds)
+        finally:
+            waiter.cancel()
         self._rung.clear()
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
-    """Wait until ``event`` is set or ``timeout`` seconds (None: no limit) have passed.
-
-    Unlike ``asyncio.wait_for`` before Python 3.12, this never swallows a cancellation that
-    arrives as the event is set (CPython gh-86296), which would leave a cancelled loop running.
-    """
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=timeout)
-    finally:
-        waiter.cancel()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ocrserve import metrics
-from ocrserve.alarm import wait_event
+from ocrserve.alarm import Alarm
 from ocrserve.engines.base import PageError
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class RecBatcher:
         self._waiting: list[tuple[int, int, _Item]] = []  # heap of items not yet in a group
         self._runs: list[tuple[int, int, _Group, list[int]]] = []  # heap of ONNX runs to do
         self._seq = itertools.count()
-        self._arrived = asyncio.Event()
+        self._arrived = Alarm()  # rung by a new item or a finished run
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
         self._background = background_pool(1, background_nice, "ocrserve-bg-rec")
         self._busy: set[bool] = set()  # which threads run now: True = the urgent one
@@ -237,7 +237,7 @@ class RecBatcher:
         """
         item = _Item(priority, crops, asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiting, (priority, next(self._seq), item))
-        self._arrived.set()
+        self._arrived.ring()
         return await item.future
 
     async def _loop(self) -> None:
@@ -247,8 +247,7 @@ class RecBatcher:
             elif self._runs and self._may_start(self._runs[0][0]):
                 self._start_next()
             else:  # nothing to do, its thread is busy, or it yields to a more urgent page in detection
-                self._arrived.clear()
-                await wait_event(self._arrived, GATE_POLL_S if self._runs else None)
+                await self._arrived.sleep(GATE_POLL_S if self._runs else None)
 
     def _may_start(self, priority: int) -> bool:
         """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
@@ -267,8 +266,7 @@ class RecBatcher:
             remaining = deadline - time.monotonic()
             if self._crops(items) >= self.max_batch_size or remaining <= 0:
                 break
-            self._arrived.clear()
-            await wait_event(self._arrived, remaining)
+            await self._arrived.sleep(remaining)
         items = [item for item in items if not item.future.done()]
         if not items:
             return
@@ -294,7 +292,7 @@ class RecBatcher:
         def finished(done: asyncio.Task) -> None:
             self._inflight.discard(done)
             self._busy.discard(urgent)
-            self._arrived.set()
+            self._arrived.ring()
 
         task.add_done_callback(finished)
 

@@ -74,15 +74,19 @@ class DocumentInfo:
         """Pixels the pages ``indices`` will have after normalization, in all."""
         return sum(math.prod(target_size(*self.sizes[i], cfg)) for i in indices)
 
-    def refuse_if_all_too_large(self, indices: Sequence[int], cfg: PreprocessConfig) -> None:
-        """Refuse a request whose every selected page is above ``cfg.max_page_pixels``, before any
-        decoding; where only some are, those pages fail alone when decoded.
+    def select(self, pages: str | None, cfg: PreprocessConfig) -> list[int]:
+        """The 0-based indices of the requested ``pages`` (``"1-3,5"``; None: all), checked before
+        any decoding. A request whose every selected page is above ``cfg.max_page_pixels`` is
+        refused; where only some are, those pages fail alone when decoded.
 
         Raises:
-            PayloadTooLarge: 413 naming the first such page and the limit.
+            BadRequest: malformed ranges, or a page beyond the document.
+            PayloadTooLarge: 413 naming the first too-large page and the limit.
         """
+        indices = parse_page_ranges(pages, self.page_count)
         if indices and all(math.prod(self.sizes[i]) > cfg.max_page_pixels for i in indices):
             _check_pixels(*self.sizes[indices[0]], cfg, indices[0])
+        return indices
 
 
 @dataclass(frozen=True)

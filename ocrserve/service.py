@@ -25,7 +25,7 @@ from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
 from ocrserve.jobs.cache import DedupCache, sha256_hex
 from ocrserve.pages import Page, PageResult
-from ocrserve.preprocess import PageFailure, Preprocessor, Source, parse_page_ranges
+from ocrserve.preprocess import PageFailure, Preprocessor, Source
 from ocrserve.router import Reservation, Router
 
 #: Seconds a client is told to wait after a transient engine failure (a vLLM restart takes longer
@@ -130,8 +130,7 @@ class OcrService:
         started = time.perf_counter()
         with spooled(data) as source:
             info = await self.preprocessor.inspect(source)
-            indices = parse_page_ranges(pages, info.page_count)
-            info.refuse_if_all_too_large(indices, self.config.preprocess)
+            indices = info.select(pages, self.config.preprocess)
             lane = self.router.lane_for(len(indices), info.normalized_pixels(indices, self.config.preprocess), priority)
             key = self.cache.key(await sha256_hex(data), indices) if self.cache else ""
             cached = await self.cache.get(key) if key else None

@@ -27,7 +27,7 @@ from ocrserve.jobs.files import DataDir
 from ocrserve.jobs.model import PAGE_DONE, QUEUED, Document, Job, PageOutcome
 from ocrserve.jobs.store import JobStore
 from ocrserve.jobs.webhooks import check_webhook_url
-from ocrserve.preprocess import Preprocessor, parse_page_ranges
+from ocrserve.preprocess import Preprocessor
 
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 255
@@ -130,8 +130,7 @@ class Intake:
         path, size = await asyncio.to_thread(self.data.stage, upload.file, hasher)
         staged.append(path)
         info = await self.preprocessor.inspect(path)
-        indices = parse_page_ranges(pages, info.page_count)
-        info.refuse_if_all_too_large(indices, self.config.preprocess)
+        indices = info.select(pages, self.config.preprocess)
         sha256 = hasher.hexdigest()
         return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
 

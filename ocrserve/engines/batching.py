@@ -41,6 +41,12 @@ Recognize = Callable[[list[np.ndarray], int], list[tuple[str, float]]]
 GATE_POLL_S = 0.005
 
 
+def is_urgent(priority: int) -> bool:
+    """Whether a page of ``priority`` runs on the urgent (full-speed) sessions and threads: the
+    fast lane's 0 or below; every larger value is background work."""
+    return priority <= 0
+
+
 def lower_thread_priority(nice: int) -> None:
     """Add ``nice`` to the calling thread's nice value (Linux, where it is a per-thread attribute:
     ``man 2 setpriority``, BUGS); elsewhere, or where refused, log and carry on.
@@ -252,7 +258,7 @@ class RecBatcher:
     def _may_start(self, priority: int) -> bool:
         """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
         is free and no more urgent page is in the engine."""
-        return (priority <= 0) not in self._busy and self._gate.clear_for(priority)
+        return is_urgent(priority) not in self._busy and self._gate.clear_for(priority)
 
     async def _form_group(self, wait: bool) -> None:
         """Gather the most urgent waiting items into a group and queue its runs. With ``wait``
@@ -284,7 +290,7 @@ class RecBatcher:
         """Start the next run on its thread. An urgent run may start while a background run is in
         progress: the background thread's low priority then gives it the cores."""
         _, _, group, indices = heapq.heappop(self._runs)
-        urgent = group.priority <= 0
+        urgent = is_urgent(group.priority)
         self._busy.add(urgent)
         task = asyncio.create_task(self._run_group(group, indices))
         self._inflight.add(task)
@@ -306,7 +312,7 @@ class RecBatcher:
         group.fill(indices, outcomes)
 
     async def _run(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
-        thread = self._thread if priority <= 0 else self._background
+        thread = self._thread if is_urgent(priority) else self._background
         return await asyncio.get_running_loop().run_in_executor(thread, self._recognize, crops, priority)
 
     async def _alone(self, crop: np.ndarray, priority: int):

@@ -28,7 +28,7 @@ from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_orig
 
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher, background_pool
+from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher, background_pool, is_urgent
 from ocrserve.pages import Line, Page, PageResult
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class OnnxEngine(Engine):
         return list(self._batcher.batch_sizes) if self._batcher else []
 
     def _stages(self, priority: int) -> Stages:
-        return self._urgent if priority <= 0 else self._background
+        return self._urgent if is_urgent(priority) else self._background
 
     def _detect(self, image_rgb: np.ndarray, priority: int) -> Detection:
         started = time.perf_counter()
@@ -188,7 +188,7 @@ class OnnxEngine(Engine):
     async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
         loop = asyncio.get_running_loop()
         await self._gate.turn(priority)
-        urgent = priority <= 0
+        urgent = is_urgent(priority)
         turn = self._det_turn if urgent else self._background_turn
         pool = self._det_pool if urgent else self._background_pool
         async with turn.hold(priority):

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "profiles"
 ENV_PREFIX = "OCRSERVE_"
 #: Variables with the prefix that are not profile keys: ``ocrserve ocr``'s server and key, the
 #: corpus location of the evaluation scripts, and the test suite's log switch.
@@ -159,7 +159,7 @@ class VllmConfig(Section):
     """``vllm serve``: its engine arguments and how ``ocrserve launch`` runs it.
 
     Engine arguments keep vLLM's spelling (``max_num_seqs`` is ``--max-num-seqs``); ``auto`` means
-    the planner (``ocrserve.planner``) computes the value. The launcher's own settings are marked
+    the planner (``ocrserve.gpu.planner``) computes the value. The launcher's own settings are marked
     ``exclude``: dumping this section (``model_dump()``) gives the engine arguments alone, which is
     what ``ocrserve plan --profile`` forwards to the planner.
     """

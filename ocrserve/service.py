@@ -4,7 +4,7 @@ The result dict is the one DESIGN.md fixes (``id``, ``model``, ``lane``, ``text`
 ``usage``). A page that fails carries an ``error`` problem object and empty text; its neighbours
 are unaffected. A document whose every page failed raises the first page's problem.
 
-With a dedup cache (``ocrserve.jobs.cache``), a document seen before with the same pages and model
+With a dedup cache (``ocrserve.store.cache``), a document seen before with the same pages and model
 is answered from the cache without engine work, and a document whose every page succeeded is
 cached.
 """
@@ -23,7 +23,7 @@ from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
-from ocrserve.jobs.cache import DedupCache, sha256_hex
+from ocrserve.store.cache import DedupCache, sha256_hex
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import PageFailure, Preprocessor, Source
 from ocrserve.router import Reservation, Router

@@ -3,8 +3,8 @@
 # time, for stepping through a page on a machine without vLLM. Arguments go to `ocrserve launch`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -f configs/debug.yaml ]; then
-  echo "serve-debug: debug mode (engine.kind transformers) is not built yet: configs/debug.yaml does not exist." >&2
+if [ ! -f ocrserve/profiles/debug.yaml ]; then
+  echo "serve-debug: debug mode (engine.kind transformers) is not built yet: ocrserve/profiles/debug.yaml does not exist." >&2
   echo "serve-debug: meanwhile use 'ocrserve launch' (CPU, ONNX) or scripts/serve-vllm.sh on a GPU." >&2
   exit 1
 fi

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ocrserve.engines.base import PageError
-from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher
+from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher
 from ocrserve.config import EngineConfig
 from ocrserve.engines.onnx import OnnxEngine
 from tests.test_engine import load_page

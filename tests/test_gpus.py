@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from ocrserve import gpus
-from ocrserve.gpus import GpuError, detect, lookup, match_detected, parse_nvidia_smi
+from ocrserve.gpu import registry as gpus
+from ocrserve.gpu.registry import GpuError, detect, lookup, match_detected, parse_nvidia_smi
 
 
 @pytest.mark.parametrize("name", ["RTX 4090D", "rtx-4090d", "rtx 4090 d", "NVIDIA GeForce RTX 4090 D", "4090D"])

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from ocrserve.config import JobsConfig, StoreConfig
-from ocrserve.jobs.files import DataDir
+from ocrserve.store.files import DataDir
 from ocrserve.jobs.janitor import Janitor
-from ocrserve.jobs.model import (
+from ocrserve.store.records import (
     CANCELLED, PAGE_CANCELLED, PAGE_DONE, PAGE_FAILED, PARTIAL, QUEUED, RUNNING, SUCCEEDED, Document, Job, PageOutcome,
 )
-from ocrserve.jobs.store import IdempotencyConflict, open_store
-from ocrserve.jobs.store_sqlite import SqliteStore
+from ocrserve.store import open_store
+from ocrserve.store.base import IdempotencyConflict
+from ocrserve.store.sqlite_store import SqliteStore
 from tests.redis_server import redis_url  # noqa: F401  (fixture)
 
 LEASE = 30.0

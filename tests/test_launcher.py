@@ -25,7 +25,7 @@ from ocrserve.bench.harness import REPO, free_port
 from ocrserve.cli import app
 from ocrserve.config import list_profiles, load_config
 from ocrserve.engines.vllm import read_vllm_metrics
-from ocrserve.launcher import plan_for, vllm_command
+from ocrserve.gpu.launcher import plan_for, vllm_command
 from tests.conftest import DATA
 from tests.test_planner import _vllm_parser
 

@@ -1,7 +1,7 @@
 """Planner: three model x GPU cases computed by hand, misfits, multi-GPU, renderers, the CLI, and
 (where vLLM is importable) the planned argv through vLLM's own argument parser.
 
-The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/planner.py``:
+The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/gpu/planner.py``:
 reserves CUDA graphs 0.5 GiB = 536,870,912 B and CUDA context 0.75 GiB = 805,306,368 B; activations
 2 B per value; sampler 8 B per vocabulary entry per sequence; KV blocks of 16 tokens;
 ``max_num_batched_tokens`` >= 8192.
@@ -21,9 +21,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ocrserve.cli import plan as plan_cli
-from ocrserve.gpus import GpuSpec, lookup
+from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.models import get_model
-from ocrserve.planner import PlanError, plan_serving, render_argv, render_json, render_table, render_yaml
+from ocrserve.gpu.planner import PlanError, plan_serving, render_argv, render_json, render_table, render_yaml
 
 GIB = 1024**3
 RESERVES = 536_870_912 + 805_306_368  # CUDA graphs + CUDA context

@@ -1,6 +1,6 @@
 """The vLLM engine end to end: a real gateway (``engine.kind: vllm``) in front of two real
 ``ocrserve engine serve`` replicas speaking vLLM's OpenAI chat-completions protocol; plus the
-request recipe and reply reading of :mod:`ocrserve.engines.vlm` on the registry's models."""
+request recipe and reply reading of :mod:`ocrserve.engines.chat` on the registry's models."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrserve.bench.harness import REPO, free_port
-from ocrserve.engine_server import REPLICA_HEADER
+from ocrserve.gpu.engine_server import REPLICA_HEADER
 from ocrserve.engines.vllm import read_vllm_metrics, server_root
-from ocrserve.engines.vlm import CLEANERS, completion_request, image_data_uri, read_reply
+from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
 from ocrserve.evaluation import bag_f1
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page

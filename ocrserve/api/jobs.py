@@ -23,7 +23,7 @@ from ocrserve.api.routes import RAW_TYPES, parse_format, parse_timeout, render
 from ocrserve.api.schemas import Problem as ProblemSchema
 from ocrserve.errors import BadRequest, NotFound, Problem, UnsupportedMedia
 from ocrserve.jobs.intake import Upload
-from ocrserve.jobs.model import CANCELLED, Job
+from ocrserve.store.records import CANCELLED, Job
 from ocrserve.jobs.results import job_result, job_status
 from ocrserve.jobs.runtime import Jobs
 

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from ocrserve.cli.common import err_console, load_or_exit
 from ocrserve.config import Config
-from ocrserve.gpus import GpuError
-from ocrserve.launcher import (
+from ocrserve.gpu.registry import GpuError
+from ocrserve.gpu.launcher import (
     AddressTaken,
     VllmStartError,
     gateway_command,
@@ -23,7 +23,7 @@ from ocrserve.launcher import (
     vllm_command,
 )
 from ocrserve.models import ModelError
-from ocrserve.planner import PlanError, render_table
+from ocrserve.gpu.planner import PlanError, render_table
 
 
 def launch(

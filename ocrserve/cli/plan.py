@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from ocrserve.config import ConfigError, load_config
-from ocrserve.gpus import GpuError, resolve_gpu
+from ocrserve.gpu.registry import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, REGISTRY, ModelError, get_model
-from ocrserve.planner import RENDERERS, PlanError, plan_serving
+from ocrserve.gpu.planner import RENDERERS, PlanError, plan_serving
 
 err_console = Console(stderr=True)
 

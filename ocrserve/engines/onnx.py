@@ -1,11 +1,11 @@
 """The embedded CPU engine: PP-OCR ONNX models from the ``rapidocr`` wheel on ``onnxruntime``.
 
 Each page goes through detection and orientation classification on one of ``det_workers``
-threads, then its text-line crops join the shared :class:`~ocrserve.engines.batching.RecBatcher`,
+threads, then its text-line crops join the shared :class:`~ocrserve.engines.stages.RecBatcher`,
 which recognizes crops of concurrent pages together, sorted by aspect ratio and ``rec_batch_num``
 at a time (on a CPU a wide batch buys no parallelism, only padding; a larger pool to sort from
 is what cross-page batching buys). Every stage goes to the most urgent page first (see
-``ocrserve.engines.batching``). No model is downloaded: rapidocr's defaults point at the models
+``ocrserve.engines.stages``). No model is downloaded: rapidocr's defaults point at the models
 in its wheel.
 """
 
@@ -28,7 +28,7 @@ from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_orig
 
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.batching import PriorityGate, PrioritySemaphore, RecBatcher, background_pool, is_urgent
+from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher, background_pool, is_urgent
 from ocrserve.pages import Line, Page, PageResult
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The GPU engine: pages to vLLM's OpenAI-compatible chat completions over HTTP, across replicas.
 
 Each page travels as a base64 ``data:`` URI with the model's task prompt and sampling
-(:mod:`ocrserve.engines.vlm`); the reply is cleaned up and split into lines the same way. Pages go
+(:mod:`ocrserve.engines.chat`); the reply is cleaned up and split into lines the same way. Pages go
 to the replica with the fewest requests outstanding from this gateway (ties rotate), among those
 that are up.
 
@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.vlm import completion_request, image_data_uri, read_reply
+from ocrserve.engines.chat import completion_request, image_data_uri, read_reply
 from ocrserve.models import ModelError, get_model
 from ocrserve.pages import Page, PageResult
 

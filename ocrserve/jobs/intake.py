@@ -22,10 +22,10 @@ from typing import BinaryIO
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.errors import BadRequest
-from ocrserve.jobs.cache import DedupCache
-from ocrserve.jobs.files import DataDir
-from ocrserve.jobs.model import PAGE_DONE, QUEUED, Document, Job, PageOutcome
-from ocrserve.jobs.store import JobStore
+from ocrserve.store.cache import DedupCache
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import PAGE_DONE, QUEUED, Document, Job, PageOutcome
+from ocrserve.store.base import JobStore
 from ocrserve.jobs.webhooks import check_webhook_url
 from ocrserve.preprocess import Preprocessor
 

@@ -7,9 +7,9 @@ import time
 from datetime import datetime, timezone
 
 from ocrserve.errors import PROBLEM_BASE
-from ocrserve.jobs.files import DataDir
-from ocrserve.jobs.model import PAGE_DONE, PAGE_FAILED, Job, PageRecord
-from ocrserve.jobs.store import JobStore
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import PAGE_DONE, PAGE_FAILED, Job, PageRecord
+from ocrserve.store.base import JobStore
 from ocrserve.pages import PageResult
 from ocrserve.router import BULK
 from ocrserve.service import assemble_result

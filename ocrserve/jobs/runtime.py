@@ -10,12 +10,12 @@ import socket
 
 from ocrserve import metrics
 from ocrserve.config import Config
-from ocrserve.jobs.cache import DedupCache
-from ocrserve.jobs.files import DataDir
+from ocrserve.store.cache import DedupCache
+from ocrserve.store.files import DataDir
 from ocrserve.jobs.intake import Intake
 from ocrserve.jobs.janitor import Janitor
-from ocrserve.jobs.model import CANCELLED, PAGE_DONE, Job
-from ocrserve.jobs.store import open_store
+from ocrserve.store.records import CANCELLED, PAGE_DONE, Job
+from ocrserve.store import open_store
 from ocrserve.jobs.webhooks import WebhookSender
 from ocrserve.jobs.worker import Worker
 from ocrserve.preprocess import Preprocessor

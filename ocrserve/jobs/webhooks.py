@@ -36,9 +36,9 @@ from ocrserve import metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
-from ocrserve.jobs.model import Job
+from ocrserve.store.records import Job
 from ocrserve.jobs.results import job_status
-from ocrserve.jobs.store import JobStore
+from ocrserve.store.base import JobStore
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Ocrserve-Signature"

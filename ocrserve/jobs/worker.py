@@ -36,9 +36,9 @@ from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Overloaded, Problem
-from ocrserve.jobs.files import DataDir
-from ocrserve.jobs.model import PAGE_DONE, PAGE_FAILED, Document, PageOutcome, PageTask
-from ocrserve.jobs.store import JobStore
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import PAGE_DONE, PAGE_FAILED, Document, PageOutcome, PageTask
+from ocrserve.store.base import JobStore
 from ocrserve.pages import Page
 from ocrserve.preprocess import PageFailure, Preprocessor
 from ocrserve.router import BULK, Reservation, Router

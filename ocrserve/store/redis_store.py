@@ -25,8 +25,8 @@ import time
 
 import redis.asyncio as aioredis
 
-from ocrserve.jobs.model import Completion, Event, Job, PageOutcome, PageRecord, PageTask, page_event
-from ocrserve.jobs.store import IdempotencyConflict, JobStore
+from ocrserve.store.records import Completion, Event, Job, PageOutcome, PageRecord, PageTask, page_event
+from ocrserve.store.base import IdempotencyConflict, JobStore
 
 #: Seconds of ``created`` are scaled by this into a job's rank (ms resolution).
 RANK_SCALE = 1000
@@ -75,7 +75,7 @@ local function finish(job, seq, member, outcome, event)
     redis.call('HSET', jkey, 'status', 'running')
     return {1, ''}
   end
-  -- the rule of ocrserve.jobs.model.final_status
+  -- the rule of ocrserve.store.records.final_status
   local ended = (failed == 0 and 'succeeded') or (ok == 0 and 'failed') or 'partial'
   job_ended(job, ended)
   return {1, ended}
@@ -242,7 +242,7 @@ def rank(priority: int, created: float) -> str:
 
 
 class RedisStore(JobStore):
-    """:class:`~ocrserve.jobs.store.JobStore` in Redis.
+    """:class:`~ocrserve.store.base.JobStore` in Redis.
 
     Args:
         url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).

@@ -18,8 +18,8 @@ import logging
 
 from ocrserve import metrics
 from ocrserve.config import PreprocessConfig
-from ocrserve.jobs.files import DataDir
-from ocrserve.jobs.store import JobStore
+from ocrserve.store.files import DataDir
+from ocrserve.store.base import JobStore
 
 #: Preprocessing settings that change the pixels a model sees, hence the result.
 NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi")

@@ -46,7 +46,7 @@ class Document:
         size: bytes.
         kind, page_count, sizes, frames: its :class:`~ocrserve.preprocess.DocumentInfo`.
         indices: the 0-based pages selected (``pages`` parameter), in order.
-        cache_key: its dedup-cache key (see ``ocrserve.jobs.cache``), or "" with the cache off.
+        cache_key: its dedup-cache key (see ``ocrserve.store.cache``), or "" with the cache off.
         cached: True when its results came from the dedup cache at submission.
     """
 

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ocrserve.jobs.model import (
+from ocrserve.store.records import (
     CANCELLED, PAGE_CANCELLED, PAGE_FAILED, PAGE_QUEUED, PAGE_RUNNING, QUEUED, RUNNING, TERMINAL, Completion, Event,
     Job, PageOutcome, PageRecord, PageTask, final_status, page_event,
 )
-from ocrserve.jobs.store import IdempotencyConflict, JobStore
+from ocrserve.store.base import IdempotencyConflict, JobStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -80,7 +80,7 @@ BUSY_TIMEOUT_S = 30.0
 
 
 class SqliteStore(JobStore):
-    """:class:`~ocrserve.jobs.store.JobStore` in one SQLite database file.
+    """:class:`~ocrserve.store.base.JobStore` in one SQLite database file.
 
     Args:
         path: the database file (created with its folder if missing).

@@ -5,7 +5,7 @@ The ``onnx`` and ``transformers`` profiles, and ``vllm`` profiles that list runn
 
 A ``vllm`` profile without ``base_urls`` (``prod``) runs :func:`run_with_vllm`:
 
-1. :func:`plan_for` plans ``vllm serve`` (``ocrserve.planner`` fills every ``auto``); the caller
+1. :func:`plan_for` plans ``vllm serve`` (``ocrserve.gpu.planner`` fills every ``auto``); the caller
    prints the plan and both command lines;
 2. ``vllm serve`` starts in its own process group, its output streamed line by line with a
    ``vllm | `` prefix;
@@ -37,9 +37,9 @@ import uvicorn
 
 from ocrserve.api import create_app
 from ocrserve.config import Config, VllmConfig
-from ocrserve.gpus import resolve_gpu
+from ocrserve.gpu.registry import resolve_gpu
 from ocrserve.models import get_model
-from ocrserve.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
+from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 
 #: Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before connections close.
 GRACEFUL_SHUTDOWN_S = 30
@@ -136,8 +136,8 @@ def plan_for(config: Config) -> Plan:
 
     Raises:
         ocrserve.models.ModelError: unknown model.
-        ocrserve.gpus.GpuError: unknown GPU name, or no GPU found for ``auto``.
-        ocrserve.planner.PlanError: the model does not fit (the message says what would).
+        ocrserve.gpu.registry.GpuError: unknown GPU name, or no GPU found for ``auto``.
+        ocrserve.gpu.planner.PlanError: the model does not fit (the message says what would).
     """
 
     v, pre = config.vllm, config.preprocess

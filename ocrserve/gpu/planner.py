@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ocrserve.gpus import GIB, GPUS, GpuSpec
+from ocrserve.gpu.registry import GIB, GPUS, GpuSpec
 from ocrserve.models import ModelSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90

@@ -1,4 +1,4 @@
-"""The job store interface, and :func:`open_store` to pick an implementation from ``store.url``.
+"""The job store interface (:func:`ocrserve.store.open_store` picks an implementation from ``store.url``).
 
 Pages are the unit of work. A worker *claims* pages (:meth:`JobStore.claim`): each claim carries a
 lease (visibility timeout) the worker renews while it works (:meth:`JobStore.renew`); a page whose
@@ -7,18 +7,16 @@ lease runs out (its claimant died) is handed out again. Delivery is therefore at
 the result exactly once. Transient failures go back to the queue after a backoff
 (:meth:`JobStore.retry_later`).
 
-Implementations: :class:`~ocrserve.jobs.store_sqlite.SqliteStore` (one file, WAL; the embedded
-default) and :class:`~ocrserve.jobs.store_redis.RedisStore` (several gateways sharing the work).
+Implementations: :class:`~ocrserve.store.sqlite_store.SqliteStore` (one file, WAL; the embedded
+default) and :class:`~ocrserve.store.redis_store.RedisStore` (several gateways sharing the work).
 """
 
 from __future__ import annotations
 
 import abc
-from pathlib import Path
 
-from ocrserve.config import StoreConfig
 from ocrserve.errors import Problem
-from ocrserve.jobs.model import Completion, Event, Job, PageOutcome, PageRecord, PageTask
+from ocrserve.store.records import Completion, Event, Job, PageOutcome, PageRecord, PageTask
 
 
 class IdempotencyConflict(Problem):
@@ -150,33 +148,3 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""
-
-
-def sqlite_path(url: str, data_dir: Path) -> Path:
-    """The database file of a ``sqlite:///`` URL (relative after three slashes, absolute after four);
-    an empty URL means ``<data_dir>/jobs.db``.
-
-    Raises:
-        ValueError: a URL of another scheme, or without a path.
-    """
-    if not url:
-        return data_dir / "jobs.db"
-    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-        raise ValueError(f"store.url={url!r}: expected sqlite:///path.db or redis://host:port/db")
-    return Path(url[len("sqlite:///"):])
-
-
-def open_store(cfg: StoreConfig) -> JobStore:
-    """The store ``cfg.url`` names (created on first use).
-
-    Raises:
-        ValueError: an unknown URL scheme (the message names ``store.url``).
-        ImportError: a redis:// URL without redis-py installed (``pip install 'ocrserve[redis]'``).
-    """
-    if cfg.url.startswith(("redis://", "rediss://", "unix://")):
-        from ocrserve.jobs.store_redis import RedisStore
-
-        return RedisStore(cfg.url, prefix=cfg.key_prefix)
-    from ocrserve.jobs.store_sqlite import SqliteStore
-
-    return SqliteStore(sqlite_path(cfg.url, cfg.data_dir))

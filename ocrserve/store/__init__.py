@@ -1,0 +1,40 @@
+"""Persistence of jobs: the job store (SQLite or Redis), the data folder and the dedup cache.
+
+:func:`open_store` picks a :class:`~ocrserve.store.base.JobStore` implementation from ``store.url``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ocrserve.config import StoreConfig
+from ocrserve.store.base import JobStore
+from ocrserve.store.sqlite_store import SqliteStore
+
+
+def sqlite_path(url: str, data_dir: Path) -> Path:
+    """The database file of a ``sqlite:///`` URL (relative after three slashes, absolute after four);
+    an empty URL means ``<data_dir>/jobs.db``.
+
+    Raises:
+        ValueError: a URL of another scheme, or without a path.
+    """
+    if not url:
+        return data_dir / "jobs.db"
+    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+        raise ValueError(f"store.url={url!r}: expected sqlite:///path.db or redis://host:port/db")
+    return Path(url[len("sqlite:///"):])
+
+
+def open_store(cfg: StoreConfig) -> JobStore:
+    """The store ``cfg.url`` names (created on first use).
+
+    Raises:
+        ValueError: an unknown URL scheme (the message names ``store.url``).
+        ImportError: a redis:// URL without redis-py installed (``pip install 'ocrserve[redis]'``).
+    """
+    if cfg.url.startswith(("redis://", "rediss://", "unix://")):
+        from ocrserve.store.redis_store import RedisStore  # redis-py is an optional extra
+
+        return RedisStore(cfg.url, prefix=cfg.key_prefix)
+    return SqliteStore(sqlite_path(cfg.url, cfg.data_dir))

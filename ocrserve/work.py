@@ -1,0 +1,102 @@
+"""What every request hands the core: a :class:`WorkItem` with its :class:`Deadline` and :class:`Priority`.
+
+The edge (the REST handler of a synchronous request, the job worker for a job's page) builds one
+work item; the router, the engine and the page pipeline read it and nothing else. There is one
+convention for priority, vLLM's: **lower runs sooner** (vLLM's ``PriorityRequestQueue`` in
+``vllm/v1/core/sched/request_queue.py`` orders requests by ``(priority, arrival_time)``).
+
+How the public ``priority`` fields map onto it:
+
+==========================================  ==============================================
+public field                                 work item
+==========================================  ==============================================
+``POST /v1/ocr`` ``priority=interactive``    ``lane="fast"``: the fast lane's priority
+                                             (``router.fast.priority``, 0)
+``POST /v1/ocr`` ``priority=bulk``           ``lane="bulk"``: the bulk lane's priority
+                                             (``router.bulk.priority``, 10)
+``POST /v1/ocr`` without ``priority``        the lane by size, and that lane's priority
+job ``priority`` p in 0..``jobs.max_priority``  ``lane="bulk"``, :meth:`Priority.of_job`:
+  (higher runs first)                        ``router.bulk.priority + jobs.max_priority - p``
+==========================================  ==============================================
+
+So with the defaults a synchronous bulk request (10) runs with a job of the highest priority
+(9 -> 10) and before any other job (0 -> 19), and the fast lane (0) before everything. A
+priority at or below :data:`URGENT` is interactive work, which the embedded engine runs on its
+full-speed sessions and threads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+#: Priorities at or below this are interactive (the fast lane's default is 0).
+URGENT = 0
+
+
+class Priority(int):
+    """A scheduling priority: an ``int``, lower runs sooner (see the module docstring)."""
+
+    @classmethod
+    def of_job(cls, job_priority: int, max_priority: int, bulk: int) -> Priority:
+        """The priority of a job's pages.
+
+        Args:
+            job_priority: the job's public priority, 0..``max_priority``, higher runs first.
+            max_priority: ``jobs.max_priority``.
+            bulk: the bulk lane's priority (``router.bulk.priority``), which the most urgent job gets.
+        """
+        return cls(bulk + max_priority - job_priority)
+
+    @property
+    def urgent(self) -> bool:
+        """Interactive work (at or below :data:`URGENT`), as opposed to background work."""
+        return self <= URGENT
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The instant a page must be done by, on the ``time.monotonic()`` clock of this process.
+
+    Enforced in one place, the router: a page still queued at its deadline is dropped before the
+    engine (504); a page running in the engine then is cancelled there (vLLM aborts a request
+    whose connection closes; the embedded engine drops the page's remaining stages).
+    """
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """The deadline ``seconds`` from now."""
+        return cls(time.monotonic() + seconds)
+
+    @classmethod
+    def at_unix(cls, unix_s: float) -> Deadline:
+        """The deadline at Unix time ``unix_s`` (as stored with a job, which outlives processes)."""
+        return cls(time.monotonic() + unix_s - time.time())
+
+    def left(self) -> float:
+        """Seconds until the deadline; 0 once it has passed."""
+        return max(0.0, self.at - time.monotonic())
+
+    def passed(self) -> bool:
+        """True once the deadline has passed."""
+        return time.monotonic() >= self.at
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request's scheduling terms, fixed at the edge.
+
+    Attributes:
+        deadline: when its pages must be done, or None for the lane's default
+            (``router.<lane>.timeout_s``; none when that is 0).
+        priority: the order of its pages in their lane and in the engine, or None for the lane's
+            own priority.
+        lane: ``fast`` or ``bulk`` when the client chose, or None to choose by size
+            (``router.fast.max_pages``, ``router.fast.max_pixels``).
+    """
+
+    deadline: Deadline | None = None
+    priority: Priority | None = None
+    lane: str | None = None

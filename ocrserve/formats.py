@@ -1,9 +1,29 @@
-"""Renderings of an OCR result: ``json`` (the result object), ``text`` and ``markdown``."""
+"""The OCR result document (DESIGN.md's result JSON) and its renderings: ``json``, ``text``, ``markdown``."""
 
 from __future__ import annotations
 
+import uuid
+
 FORMATS = ("json", "text", "markdown")
 MEDIA_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "markdown": "text/markdown; charset=utf-8"}
+
+
+def assemble_result(pages: list[dict], model: str, lane: str, seconds: float, result_id: str = "") -> dict:
+    """The result dict of DESIGN.md from page dicts (``PageResult.to_dict()``) in order.
+
+    Args:
+        seconds: wall time of the whole document (``usage.seconds``).
+        result_id: the result's ``id``; a new random one when empty.
+    """
+    failed = sum(1 for page in pages if page.get("error"))
+    return {
+        "id": result_id or uuid.uuid4().hex,
+        "model": model,
+        "lane": lane,
+        "text": "\f".join(page["text"] for page in pages),
+        "pages": pages,
+        "usage": {"pages": len(pages) - failed, "seconds": round(seconds, 4)},
+    }
 
 
 def render_text(result: dict) -> str:

@@ -41,6 +41,10 @@ REJECTIONS = Counter(
     "ocrserve_rejections", "Requests or pages refused or dropped, by lane and reason "
     "(queue_full, deadline, cancelled, too_large).", ["lane", "reason"],
 )
+ABORTED_PAGES = Counter(
+    "ocrserve_engine_aborted_pages", "Pages cancelled while in the engine (vLLM aborts the request), by lane and "
+    "reason (deadline, cancelled: client gone or job cancelled).", ["lane", "reason"],
+)
 BATCH_SIZE = Histogram(
     "ocrserve_engine_batch_size", "Items per engine batch (recognition crops for the embedded engine).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),

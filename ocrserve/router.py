@@ -7,23 +7,24 @@ at once with 503 (or 429) and a ``Retry-After`` computed by Little's law from th
 its recent drain rate, so nothing is accepted that cannot be queued.
 
 The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
-by *weighted deficit round robin* (Shreedhar and Varghese, "Efficient fair queueing using deficit
-round robin", SIGCOMM 1995) over the lanes, with cost counted in pages or visual tokens: when both
-lanes wait, the fast lane is served first and gets ``fast.weight`` cost units for every
-``bulk.weight`` the bulk lane gets, so bulk keeps a guaranteed share ``bulk.weight / (sum of
-weights)`` and never starves. The fast lane may run ``fast.burst_slots`` pages beyond the engine's
-slots, so an interactive page never waits for a bulk page to leave the engine; the engine's own
-stage priority (lanes pass their ``priority``) then lets it overtake the bulk pages in flight.
+in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
+or one FIFO). The fast lane may run ``fast.burst_slots`` pages beyond the engine's slots, so an
+interactive page never waits for a bulk page to leave the engine; the engine's own stage priority
+(each page carries its :class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in
+flight.
 
-A page whose deadline passes while queued gets 504 and is dropped before it reaches the engine;
-so is a page whose request was cancelled (client gone). ``router.mode: fifo`` replaces all of this
-ordering with one first-in-first-out queue, to measure what the lanes buy.
+Each page carries its request's :class:`~ocrserve.work.WorkItem`. Its deadline is enforced here
+and only here: a page still queued when it passes is dropped before the engine (504); a page in
+the engine then is cancelled there, and so is a page whose request went away (client gone, job
+cancelled): the engine aborts it (vLLM when its request's connection closes; the embedded engine
+drops the remaining stages).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections import deque
@@ -36,6 +37,8 @@ from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page, PageResult
+from ocrserve.policies import create_policy
+from ocrserve.work import Deadline, Priority, WorkItem
 
 FAST, BULK = "fast", "bulk"
 #: Seconds of completions the drain rate is measured over.
@@ -50,17 +53,21 @@ class Ticket:
 
     Attributes:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
-        deadline: ``time.monotonic()`` instant after which the page is dropped, or None.
+        priority: its order in the lane and in the engine (lower runs sooner).
+        deadline: when it must be done, or None.
+        seq: arrival number, the tie-break between equal priorities.
+        task: the engine call once dispatched.
     """
 
     page: Page
     reservation: "Reservation"
     cost: int
-    priority: int
-    deadline: float | None
+    priority: Priority
+    deadline: Deadline | None
+    seq: int
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    dispatched: bool = False
+    task: asyncio.Task | None = None
 
     @property
     def lane(self) -> "Lane":
@@ -79,12 +86,15 @@ class Lane:
     def __init__(self, name: str, cfg: LaneConfig):
         self.name = name
         self.cfg = cfg
-        self.queue: deque[Ticket] = deque()
         self.reserved = 0  # pages admitted and not yet dispatched or released
         self.requests = 0  # admitted requests not yet finished
-        self.deficit = 0.0
         self.in_flight = 0
         self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
+
+    @property
+    def weight(self) -> int:
+        """The lane's deficit-round-robin quantum (``router.<lane>.weight``)."""
+        return self.cfg.weight
 
     def record_done(self, now: float) -> None:
         """Note one page leaving the lane (finished in the engine)."""
@@ -131,11 +141,11 @@ class Router:
         self.engine = engine
         self.cfg = cfg
         self.lanes = {FAST: Lane(FAST, cfg.fast), BULK: Lane(BULK, cfg.bulk)}
-        self._fifo: deque[Ticket] = deque()
+        self.policy = create_policy(cfg.mode, self.lanes.values())
+        self._seq = itertools.count()
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
-        self._done_all: deque[float] = deque()
 
     @property
     def capacity(self) -> int:
@@ -157,13 +167,11 @@ class Router:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def lane_for(self, page_count: int, pixels: int, priority: str | None = None) -> str:
-        """The lane of a synchronous request: ``fast`` when small (at most ``fast.max_pages``
-        pages and ``fast.max_pixels`` normalized pixels) or asked for (``priority=interactive``)."""
-        if priority == "interactive":
-            return FAST
-        if priority == "bulk":
-            return BULK
+    def lane_for(self, page_count: int, pixels: int, work: WorkItem = WorkItem()) -> str:
+        """The lane of a request: the one its work item names, else ``fast`` when small (at most
+        ``fast.max_pages`` pages and ``fast.max_pixels`` normalized pixels), else ``bulk``."""
+        if work.lane is not None:
+            return work.lane
         small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
         return FAST if small else BULK
 
@@ -212,107 +220,82 @@ class Router:
     def _overall_rate(self, now: float) -> float:
         return sum(lane.drain_rate(now) for lane in self.lanes.values())
 
-    async def submit(self, page: Page, reservation: "Reservation", deadline: float | None = None) -> PageResult:
+    async def submit(self, page: Page, reservation: "Reservation", work: WorkItem = WorkItem()) -> PageResult:
         """Queue one admitted page and wait for its result.
 
         Args:
             page: a normalized page.
             reservation: the request's admission (from :meth:`admit`).
-            deadline: ``time.monotonic()`` instant; None for the lane's default (``timeout_s``).
+            work: its request's terms; a deadline or priority of None takes the lane's
+                (``timeout_s``, ``priority``).
 
         Raises:
-            DeadlinePassed: the deadline passed while the page was queued (it never ran).
+            DeadlinePassed: the deadline passed while the page was queued or in the engine.
             PageError: the engine failed on this page.
         """
         lane = reservation.lane
+        deadline = work.deadline
         if deadline is None and lane.cfg.timeout_s:
-            deadline = time.monotonic() + lane.cfg.timeout_s
+            deadline = Deadline.after(lane.cfg.timeout_s)
+        priority = Priority(lane.cfg.priority if work.priority is None else work.priority)
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
-        ticket = Ticket(page, reservation, cost, lane.cfg.priority, deadline)
-        (self._fifo if self.cfg.mode == "fifo" else lane.queue).append(ticket)
+        ticket = Ticket(page, reservation, cost, priority, deadline, next(self._seq))
+        self.policy.push(ticket)
         self._alarm.ring()
         try:
-            return await ticket.future
+            await asyncio.wait({ticket.future}, timeout=deadline.left() if deadline else None)
         except asyncio.CancelledError:
-            if not ticket.dispatched:
-                self._drop_cancelled(ticket)
+            self._abandon(ticket, "cancelled")
             raise
+        if not ticket.future.done():
+            self._abandon(ticket, "deadline")
+            where = "in the engine" if ticket.task else "in the queue"
+            raise DeadlinePassed(f"page {page.index + 1}: its deadline passed {where}")
+        return ticket.future.result()
 
-    def _drop_cancelled(self, ticket: Ticket) -> None:
-        """A queued page whose request went away (deadline or disconnect): it must not run."""
-        expired = ticket.deadline is not None and time.monotonic() >= ticket.deadline - 0.05
-        metrics.REJECTIONS.labels(ticket.lane.name, "deadline" if expired else "cancelled").inc()
-        with contextlib.suppress(ValueError):
-            (self._fifo if self.cfg.mode == "fifo" else ticket.lane.queue).remove(ticket)
-            ticket.reservation.release(1)
+    def _abandon(self, ticket: Ticket, reason: str) -> None:
+        """Its request no longer waits (``deadline`` or ``cancelled``): drop the page from the queue,
+        or cancel it in the engine."""
+        if ticket.task is None:
+            if self.policy.remove(ticket):
+                ticket.reservation.release(1)
+                metrics.REJECTIONS.labels(ticket.lane.name, reason).inc()
+        elif not ticket.task.done():
+            ticket.task.cancel()
+            metrics.ABORTED_PAGES.labels(ticket.lane.name, reason).inc()
 
     async def _dispatch_loop(self) -> None:
         while True:
             # Woken by a new page or a finished one; the timeout re-checks an engine that was
-            # saturated by other clients.
+            # saturated by other clients (the vLLM engine learns it from its own polls).
             await self._alarm.sleep(RECHECK_S)
-            while (ticket := self._next()) is not None:
+            while (ticket := self.policy.pop(self._may_run)) is not None:
                 self._start(ticket)
-
-    def _next(self) -> Ticket | None:
-        """The next ticket to run, dropping expired ones; None when nothing may run now."""
-        while True:
-            ticket = self._pick()
-            if ticket is None or not self._expired(ticket):
-                return ticket
-
-    def _expired(self, ticket: Ticket) -> bool:
-        if ticket.deadline is not None and time.monotonic() > ticket.deadline:
-            metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
-            ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1} waited past its deadline"))
-            ticket.reservation.release(1)
-            return True
-        return False
-
-    def _pick(self) -> Ticket | None:
-        if self.cfg.mode == "fifo":
-            may_run = self.in_flight < self.capacity and not self.engine.saturated()
-            return self._fifo.popleft() if self._fifo and may_run else None
-        candidates = [lane for lane in self.lanes.values() if lane.queue and self._may_run(lane)]
-        for lane in self.lanes.values():
-            if not lane.queue:
-                lane.deficit = 0.0  # DRR: an idle lane keeps no credit
-        if not candidates:
-            return None
-        # Deficit round robin, advanced straight to the first round in which some lane can pay.
-        rounds = min(max(0, math.ceil((l.queue[0].cost - l.deficit) / l.cfg.weight)) for l in candidates)
-        for lane in candidates:
-            lane.deficit += rounds * lane.cfg.weight
-        lane = next(l for l in candidates if l.deficit >= l.queue[0].cost)  # fast first
-        ticket = lane.queue.popleft()
-        lane.deficit -= ticket.cost
-        return ticket
 
     def _may_run(self, lane: Lane) -> bool:
         """A free slot, or for the fast lane one of its burst slots; nothing while the engine
         reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
-        burst = self.cfg.fast.burst_slots if lane.name == FAST else 0
+        burst = self.cfg.fast.burst_slots if lane.name == FAST and self.policy.bursts else 0
         if self.in_flight >= self.capacity + burst:
             return False
         return burst > 0 or not self.engine.saturated()
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
-        ticket.dispatched = True
         ticket.reservation.release(1)
         lane.in_flight += 1
         lane.publish()
         metrics.SLOTS_IN_USE.set(self.in_flight)
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
-        task = asyncio.create_task(self._run(ticket))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        ticket.task = asyncio.create_task(self._run(ticket))
+        self._running.add(ticket.task)
+        ticket.task.add_done_callback(self._running.discard)
 
     async def _run(self, ticket: Ticket) -> None:
         lane = ticket.lane
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         try:
-            result = await self.engine.ocr_page(ticket.page, priority=ticket.priority)
+            result = await self.engine.ocr_page(ticket.page, priority=ticket.priority, deadline=ticket.deadline)
         except Exception as exc:  # PageError, or a bug in the engine: this page alone fails
             if not ticket.future.done():
                 ticket.future.set_exception(exc)

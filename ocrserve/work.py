@@ -48,10 +48,12 @@ class Priority(int):
         """
         return cls(bulk + max_priority - job_priority)
 
-    @property
-    def urgent(self) -> bool:
-        """Interactive work (at or below :data:`URGENT`), as opposed to background work."""
-        return self <= URGENT
+
+
+def is_urgent(priority: int) -> bool:
+    """Whether ``priority`` is interactive work (at or below :data:`URGENT`), which the embedded
+    engine runs on its full-speed sessions and threads; every larger value is background work."""
+    return priority <= URGENT
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The router against the real embedded engine: lanes, DRR share, backpressure, deadlines, FIFO."""
+"""The router against the real embedded engine: lanes, DRR share, priorities, backpressure, deadlines, FIFO."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
 from ocrserve.router import BULK, FAST, Router, retry_after_s
+from ocrserve.work import Deadline, Priority, WorkItem
 from tests.samples import phototest
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -57,9 +58,9 @@ async def make_router(engine):
         await router.close()
 
 
-async def run_tagged(router: Router, lane: str, tag: str, page: Page, done: list[str]):
+async def run_tagged(router: Router, lane: str, tag: str, page: Page, done: list[str], work: WorkItem = WorkItem()):
     async with router.admit(lane, 1) as reservation:
-        await router.submit(page, reservation)
+        await router.submit(page, reservation, work)
     done.append(tag)
 
 
@@ -75,8 +76,8 @@ async def test_lane_choice(engine):
     assert router.lane_for(1, 2_000_000) == FAST
     assert router.lane_for(5, 2_000_000) == BULK  # more than fast.max_pages = 4
     assert router.lane_for(2, 20_000_000) == BULK  # more than fast.max_pixels = 16 Mpx
-    assert router.lane_for(40, 10**9, "interactive") == FAST
-    assert router.lane_for(1, 10, "bulk") == BULK
+    assert router.lane_for(40, 10**9, WorkItem(lane=FAST)) == FAST  # priority=interactive
+    assert router.lane_for(1, 10, WorkItem(lane=BULK)) == BULK  # priority=bulk
 
 
 async def test_fast_overtakes_queued_bulk(make_router):
@@ -169,7 +170,7 @@ async def test_deadline_passed_while_queued_never_reaches_engine(make_router):
         await wait_until(lambda: router.in_flight == 1)
         async with router.admit(FAST, 1) as reservation:
             with pytest.raises(DeadlinePassed):
-                await router.submit(blank(), reservation, deadline=time.monotonic() + 0.05)
+                await router.submit(blank(), reservation, WorkItem(deadline=Deadline.after(0.05)))
         await slow
     assert metrics.ENGINE_PAGES.labels(FAST)._value.get() == engine_pages
     assert metrics.REJECTIONS.labels(FAST, "deadline")._value.get() == deadline_drops + 1
@@ -184,14 +185,41 @@ async def test_cancelled_request_drops_its_queued_pages(make_router):
         async with router.admit(BULK, 4) as reservation:
             await asyncio.gather(*(router.submit(text_page(i), reservation) for i in range(4)))
 
+    aborted = metrics.ABORTED_PAGES.labels(BULK, "cancelled")._value.get()
     request = asyncio.create_task(document())
     await wait_until(lambda: router.in_flight == 1)
     request.cancel()  # what a client disconnect does to its request
     await asyncio.gather(request, return_exceptions=True)
     await wait_until(lambda: router.in_flight == 0)
-    assert metrics.ENGINE_PAGES.labels(BULK)._value.get() == engine_pages + 1  # only the page already running
+    assert metrics.ENGINE_PAGES.labels(BULK)._value.get() == engine_pages + 1  # only the page already running,
+    assert metrics.ABORTED_PAGES.labels(BULK, "cancelled")._value.get() == aborted + 1  # which was aborted
     assert metrics.REJECTIONS.labels(BULK, "cancelled")._value.get() == cancelled + 3
-    assert router.lanes[BULK].reserved == 0 and not router.lanes[BULK].queue
+    assert router.lanes[BULK].reserved == 0 and len(router.policy) == 0
+
+
+async def test_job_priority_overtakes_queued_pages(make_router):
+    router = make_router()  # capacity 1: dispatch order equals completion order
+    low, high = (WorkItem(priority=Priority.of_job(p, 9, router.cfg.bulk.priority), lane=BULK) for p in (0, 9))
+    assert (low.priority, high.priority) == (19, 10)  # lower runs sooner
+    done: list[str] = []
+    lows = [asyncio.create_task(run_tagged(router, BULK, f"low{i}", text_page(i), done, low)) for i in range(3)]
+    await wait_until(lambda: router.in_flight == 1 and len(router.policy) == 2)
+    highs = [asyncio.create_task(run_tagged(router, BULK, f"high{i}", blank(i), done, high)) for i in range(2)]
+    await asyncio.gather(*lows, *highs)
+    assert done == ["low0", "high0", "high1", "low1", "low2"]
+
+
+async def test_deadline_passed_in_the_engine_aborts_the_page(make_router):
+    router = make_router()
+    aborted = metrics.ABORTED_PAGES.labels(FAST, "deadline")._value.get()
+    async with router.admit(FAST, 1) as reservation:
+        large = Page(index=0, image=np.tile(np.asarray(phototest()), (3, 3, 1)), width=1920, height=1440, visual_tokens=900)
+        submitted = asyncio.create_task(router.submit(large, reservation, WorkItem(deadline=Deadline.after(0.1))))
+        await wait_until(lambda: router.in_flight == 1)  # dispatched before its deadline
+        with pytest.raises(DeadlinePassed, match="in the engine"):
+            await submitted
+    await wait_until(lambda: router.in_flight == 0)
+    assert metrics.ABORTED_PAGES.labels(FAST, "deadline")._value.get() == aborted + 1
 
 
 async def test_failing_page_fails_alone(make_router):

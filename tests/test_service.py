@@ -1,7 +1,7 @@
 """How engine failures become problems."""
 
 from ocrserve.engines.base import PageError
-from ocrserve.service import TRANSIENT_RETRY_AFTER_S, page_problem
+from ocrserve.pipeline import TRANSIENT_RETRY_AFTER_S, page_problem
 
 
 def test_transient_engine_failure_is_503_with_retry_after():

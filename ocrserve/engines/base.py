@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ocrserve.pages import Page, PageResult
+from ocrserve.work import Deadline
 
 
 class PageError(Exception):
@@ -54,12 +55,18 @@ class Engine(abc.ABC):
         """Release threads, sessions and connections."""
 
     @abc.abstractmethod
-    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
+    async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
         """OCR one page; boxes in the page's client pixels.
+
+        Cancelling the call aborts the page where the engine can (the router cancels a page whose
+        deadline passed or whose request went away): vLLM aborts a request whose connection
+        closes, the embedded engine drops the page's remaining stages.
 
         Args:
             page: a normalized page.
             priority: lower runs first where the engine can reorder (vLLM's ``priority``).
+            deadline: when the page's request stops waiting, or None; an engine may bound its own
+                waits by it (the vLLM engine's request timeout is the time left).
 
         Raises:
             PageError: this page failed; other pages are unaffected.
@@ -67,9 +74,7 @@ class Engine(abc.ABC):
 
     async def ocr_pages(self, pages: Sequence[Page], *, priority: int = 0) -> list[PageResult | PageError]:
         """OCR several pages concurrently; each entry is a result or that page's error."""
-        outcomes = await asyncio.gather(
-            *(self.ocr_page(p, priority=priority) for p in pages), return_exceptions=True
-        )
+        outcomes = await asyncio.gather(*(self.ocr_page(p, priority=priority) for p in pages), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, PageError):
                 raise outcome

@@ -28,8 +28,9 @@ from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_orig
 
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher, background_pool, is_urgent
+from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher, background_pool
 from ocrserve.pages import Line, Page, PageResult
+from ocrserve.work import Deadline, is_urgent
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +166,13 @@ class OnnxEngine(Engine):
         out = self._stages(priority).rec(TextRecInput(img=crops))
         return list(zip(out.txts, (float(s) for s in out.scores)))
 
-    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
+    async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
         """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`.
 
         ``priority`` orders stages: a page's detection and its recognition runs wait while a more
-        urgent page (lower value) is in the engine (:class:`PriorityGate`).
+        urgent page (lower value) is in the engine (:class:`PriorityGate`). Cancelled, the page's
+        remaining stages are dropped (a detection already running on its thread finishes there);
+        the router cancels it at ``deadline``.
         """
         async with self._gate.entered(priority):
             detection, rec_s, recognized = await self._run_stages(page, priority)

@@ -1,8 +1,8 @@
-"""Priority and dynamic batching inside the embedded engine.
+"""The embedded engine's stage scheduler: stage priority and dynamic batching inside the engine.
 
 The router decides which pages enter the engine; these pieces decide, inside it, which page's
 stage runs next, so that an interactive page that enters beside bulk pages overtakes them at every
-step (lower ``priority`` value = more urgent, as in vLLM):
+step (lower ``priority`` value = more urgent, as in vLLM; :mod:`ocrserve.work`):
 
 - :class:`PriorityGate`: a page's next stage waits while a more urgent page is in the engine.
 - :class:`PrioritySemaphore`: the detection workers go to the most urgent waiting page first.
@@ -10,7 +10,11 @@ step (lower ``priority`` value = more urgent, as in vLLM):
   by aspect ratio, and recognized ``rec_batch_num`` at a time; the most urgent queued run goes
   next, less urgent runs pause while a more urgent page is anywhere in the engine, and an urgent
   run does not wait for a bulk run in progress: that one is on a thread of its own at low OS
-  priority (:func:`background_pool`), which yields the cores to it.
+  priority (:func:`background_pool`), which yields the cores to it. Runs of pages whose call was
+  cancelled (deadline passed, client gone) are dropped before they start.
+
+Nothing here polls: waits end on a wake-up (a page arriving, a run finishing, a page leaving the
+engine).
 """
 
 from __future__ import annotations
@@ -33,18 +37,11 @@ import numpy as np
 from ocrserve import metrics
 from ocrserve.alarm import Alarm
 from ocrserve.engines.base import PageError
+from ocrserve.work import is_urgent
 
 log = logging.getLogger(__name__)
 
 Recognize = Callable[[list[np.ndarray], int], list[tuple[str, float]]]
-#: Seconds between checks of the gate while recognition runs wait for a more urgent page.
-GATE_POLL_S = 0.005
-
-
-def is_urgent(priority: int) -> bool:
-    """Whether a page of ``priority`` runs on the urgent (full-speed) sessions and threads: the
-    fast lane's 0 or below; every larger value is background work."""
-    return priority <= 0
 
 
 def lower_thread_priority(nice: int) -> None:
@@ -77,6 +74,11 @@ class PriorityGate:
     def __init__(self) -> None:
         self._active: Counter[int] = Counter()
         self._changed = asyncio.Condition()
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever a page leaves the engine (a wait may be over)."""
+        self._listeners.append(listener)
 
     @contextlib.asynccontextmanager
     async def entered(self, priority: int):
@@ -88,6 +90,8 @@ class PriorityGate:
             self._active[priority] -= 1
             if not self._active[priority]:
                 del self._active[priority]
+            for listener in self._listeners:
+                listener()
             async with self._changed:
                 self._changed.notify_all()
 
@@ -168,6 +172,11 @@ class _Group:
         self.results = [None] * len(self.crops)
         self.remaining = len(self.crops)
 
+    @property
+    def abandoned(self) -> bool:
+        """True when no page of the group waits for it any more (each was answered or cancelled)."""
+        return all(item.future.done() for item in self.items)
+
     def runs(self, size: int) -> list[list[int]]:
         """Crop indices in runs of ``size``, sorted by aspect ratio so each run pads little."""
         order = sorted(range(len(self.crops)), key=lambda i: self.crops[i].shape[1] / max(1, self.crops[i].shape[0]))
@@ -223,7 +232,8 @@ class RecBatcher:
         self._waiting: list[tuple[int, int, _Item]] = []  # heap of items not yet in a group
         self._runs: list[tuple[int, int, _Group, list[int]]] = []  # heap of ONNX runs to do
         self._seq = itertools.count()
-        self._arrived = Alarm()  # rung by a new item or a finished run
+        self._arrived = Alarm()  # rung by a new item, a finished run or a page leaving the engine
+        self._gate.subscribe(self._arrived.ring)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
         self._background = background_pool(1, background_nice, "ocrserve-bg-rec")
         self._busy: set[bool] = set()  # which threads run now: True = the urgent one
@@ -252,8 +262,8 @@ class RecBatcher:
                 await self._form_group(wait=not self._runs)
             elif self._runs and self._may_start(self._runs[0][0]):
                 self._start_next()
-            else:  # nothing to do, its thread is busy, or it yields to a more urgent page in detection
-                await self._arrived.sleep(GATE_POLL_S if self._runs else None)
+            else:  # nothing to do, its thread is busy, or it yields to a more urgent page in the engine
+                await self._arrived.sleep(None)
 
     def _may_start(self, priority: int) -> bool:
         """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
@@ -290,6 +300,8 @@ class RecBatcher:
         """Start the next run on its thread. An urgent run may start while a background run is in
         progress: the background thread's low priority then gives it the cores."""
         _, _, group, indices = heapq.heappop(self._runs)
+        if group.abandoned:
+            return
         urgent = is_urgent(group.priority)
         self._busy.add(urgent)
         task = asyncio.create_task(self._run_group(group, indices))

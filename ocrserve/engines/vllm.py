@@ -33,9 +33,11 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine, PageError
+from ocrserve.errors import DeadlinePassed
 from ocrserve.engines.chat import completion_request, image_data_uri, read_reply
 from ocrserve.models import ModelError, get_model
 from ocrserve.pages import Page, PageResult
+from ocrserve.work import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +192,23 @@ class VllmEngine(Engine):
                           "kv_cache_usage": r.kv_cache_usage} for r in self.replicas],
         }
 
-    async def ocr_page(self, page: Page, *, priority: int = 0) -> PageResult:
-        """Send the page to a replica and read its reply. See :class:`Engine` and the module docstring."""
+    async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
+        """Send the page to a replica and read its reply. See :class:`Engine` and the module docstring.
+
+        The request's timeout is ``engine.vllm.timeout_s`` or the time left before ``deadline``,
+        whichever is shorter. Cancelled (deadline, client gone), the request's connection closes,
+        which makes vLLM abort it and free its KV cache.
+        """
         started = time.perf_counter()
         body = await asyncio.to_thread(self._request_body, page, priority)
         sent = time.perf_counter()
-        reply = await self._complete(body)
+        timeout = min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
+        try:
+            reply = await self._complete(body, timeout)
+        except PageError:
+            if deadline is not None and deadline.passed():
+                raise DeadlinePassed(f"page {page.index + 1}: its deadline passed in the engine") from None
+            raise
         text, lines = read_reply(self.spec, reply, page)
         return PageResult(
             index=page.index, width=page.width, height=page.height, text=text, lines=lines,
@@ -207,7 +220,7 @@ class VllmEngine(Engine):
         return completion_request(self.spec, self.cfg.task, uri, model=self.model,
                                   priority=priority if self.send_priority else None)
 
-    async def _complete(self, body: dict) -> str:
+    async def _complete(self, body: dict, timeout: float) -> str:
         attempts = AsyncRetrying(
             retry=retry_if_exception_type(_Unavailable),
             stop=stop_after_attempt(self.cfg.max_retries + 1),
@@ -217,7 +230,7 @@ class VllmEngine(Engine):
         try:
             async for attempt in attempts:
                 with attempt:
-                    return await self._send(body)
+                    return await self._send(body, timeout)
         except _Unavailable as exc:
             raise PageError(f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}",
                             transient=True) from None
@@ -229,14 +242,15 @@ class VllmEngine(Engine):
         order = {id(r): (i - self._turn) % len(live) for i, r in enumerate(live)}
         return min(live, key=lambda r: (r.outstanding, order[id(r)]))
 
-    async def _send(self, body: dict) -> str:
+    async def _send(self, body: dict, timeout: float) -> str:
         replica = self._pick()
         replica.outstanding += 1
         try:
-            response = await self._client.post(replica.url + "/v1/chat/completions", json=body)
+            response = await self._client.post(replica.url + "/v1/chat/completions", json=body,
+                                               timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s))
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             metrics.VLLM_REQUESTS.labels(replica.url, "timeout").inc()
-            raise PageError(f"{replica.url}: no reply within {self.cfg.timeout_s:g} s", transient=True) from None
+            raise PageError(f"{replica.url}: no reply within {timeout:.3g} s", transient=True) from None
         except httpx.TransportError as exc:
             self._set_up(replica, False)
             metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()

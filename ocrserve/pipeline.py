@@ -1,0 +1,108 @@
+"""The one path of a page from the preprocessor to its result, for synchronous requests and jobs alike.
+
+:class:`PagePipeline` takes a decoded page (or the preprocessor's :class:`PageFailure` for it),
+submits it to the router under its request's :class:`~ocrserve.work.WorkItem`, and returns an
+:class:`Attempt`: the page's result with its timings, or the problem it failed with and whether
+retrying may help. Every page is timed the same way on both paths, every failure maps to the same
+problem, and every page is counted once in ``ocrserve_pages_total``, when its outcome is final
+(:meth:`PagePipeline.finished`: at once for a synchronous request, after the last try for a job).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ocrserve import metrics
+from ocrserve.engines.base import PageError
+from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
+from ocrserve.pages import Page, PageResult
+from ocrserve.preprocess import PageFailure
+from ocrserve.router import Reservation, Router
+from ocrserve.work import WorkItem
+
+#: Seconds a client is told to wait after a transient engine failure (a vLLM restart takes longer
+#: than a blip; the client's own backoff grows from there).
+TRANSIENT_RETRY_AFTER_S = 5
+
+
+@dataclass
+class Attempt:
+    """How one try of a page ended.
+
+    Attributes:
+        result: the page's result; on failure an entry with no text and the problem as ``error``.
+        problem: why it failed, or None.
+        transient: True when trying the page again may succeed (engine down or restarting, the
+            lane's default deadline); False for the page's own fault or its request's deadline.
+    """
+
+    result: PageResult
+    problem: Problem | None = None
+    transient: bool = False
+
+
+def failed_page(index: int, problem: Problem) -> PageResult:
+    """The result entry of a page that failed: no text, the problem as ``error``."""
+    return PageResult(index=index, width=0, height=0, text="", error=problem.to_dict())
+
+
+def page_problem(index: int, error: PageError) -> Problem:
+    """The problem of a page the engine failed: 503 with ``Retry-After`` when the failure is
+    transient (engine down or restarting), else 502."""
+    if error.transient:
+        return EngineUnavailable(f"page {index + 1}: {error}", headers={"Retry-After": str(TRANSIENT_RETRY_AFTER_S)})
+    return EngineFailed(f"page {index + 1}: {error}")
+
+
+def with_timings(result: PageResult, page: Page, queued: float) -> PageResult:
+    """``result`` with ``queue_s``, ``preprocess_s`` and ``engine_s`` put before the engine's own stage
+    timings (seconds); ``queued`` is the ``time.perf_counter()`` instant the page was submitted."""
+    engine_s = sum(result.timings.values())
+    result.timings = {
+        "queue_s": round(max(0.0, time.perf_counter() - queued - engine_s), 4),
+        "preprocess_s": round(page.preprocess_s, 4),
+        "engine_s": round(engine_s, 4),
+        **result.timings,
+    }
+    return result
+
+
+class PagePipeline:
+    """Runs single pages through the router (see the module docstring).
+
+    Args:
+        router: admits and dispatches pages to the engine.
+    """
+
+    def __init__(self, router: Router):
+        self.router = router
+
+    async def run(self, page: Page | PageFailure, reservation: Reservation, work: WorkItem) -> Attempt:
+        """One try of one page under ``work``; the page takes one page of ``reservation``.
+
+        Raises:
+            asyncio.CancelledError: its request went away (the page is dropped or aborted).
+        """
+        if isinstance(page, PageFailure):
+            reservation.release(1)
+            return self._failed(page.index, page.problem, transient=False)
+        metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
+        queued = time.perf_counter()
+        try:
+            result = await self.router.submit(page, reservation, work)
+        except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry
+            return self._failed(page.index, problem, transient=work.deadline is None)
+        except PageError as exc:
+            return self._failed(page.index, page_problem(page.index, exc), transient=exc.transient)
+        metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
+        return Attempt(with_timings(result, page, queued))
+
+    @staticmethod
+    def finished(attempt: Attempt) -> None:
+        """Count a page whose outcome is final (``ocrserve_pages_total{outcome="ok"|"failed"}``)."""
+        metrics.PAGES.labels("ok" if attempt.problem is None else "failed").inc()
+
+    @staticmethod
+    def _failed(index: int, problem: Problem, *, transient: bool) -> Attempt:
+        return Attempt(failed_page(index, problem), problem, transient)

@@ -1,0 +1,184 @@
+"""Scheduling policies: which queued page the router hands the engine's next free slot.
+
+One small interface, :class:`QueuePolicy`, with a factory, :func:`create_policy`, after vLLM's own
+scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
+``FCFSRequestQueue`` and ``PriorityRequestQueue``, made by ``create_request_queue``):
+
+- :class:`FifoPolicy` (``router.mode: fifo``): one first-come-first-served queue for every lane,
+  to measure what the lanes buy.
+- :class:`LanesPolicy` (``router.mode: lanes``): one queue per lane, ordered within the lane by
+  ``(priority, arrival)`` (lower priority value first, as in vLLM's ``PriorityRequestQueue``), and
+  *weighted deficit round robin* between the lanes (Shreedhar and Varghese, "Efficient fair
+  queueing using deficit round robin", SIGCOMM 1995), with cost in pages or visual tokens: when
+  both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
+  ``bulk.weight`` the bulk lane gets, so bulk keeps the share ``bulk.weight / (sum of weights)``.
+
+A policy only orders; the router decides whether a lane may run now (free or burst slots, engine
+backpressure) and passes that as ``may_run``.
+"""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+
+class Queued(Protocol):
+    """What a policy needs of a queued page (the router's ``Ticket``)."""
+
+    cost: int
+    priority: int
+    seq: int
+
+    @property
+    def lane(self) -> Lane: ...
+
+
+class Lane(Protocol):
+    """What a policy needs of a lane (the router's ``Lane``)."""
+
+    name: str
+    weight: int
+
+
+MayRun = Callable[[Lane], bool]
+
+
+class QueuePolicy(abc.ABC):
+    """The order in which queued pages reach the engine."""
+
+    #: Whether the fast lane's burst slots (``router.fast.burst_slots``) apply under this policy.
+    bursts: bool = True
+
+    @abc.abstractmethod
+    def push(self, ticket: Queued) -> None:
+        """Queue a page."""
+
+    @abc.abstractmethod
+    def pop(self, may_run: MayRun) -> Queued | None:
+        """The next page to run among the lanes for which ``may_run(lane)`` holds, or None."""
+
+    @abc.abstractmethod
+    def remove(self, ticket: Queued) -> bool:
+        """Take a queued page out (its request went away); False when it was not queued."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Pages queued."""
+
+
+class FifoPolicy(QueuePolicy):
+    """One queue in arrival order, whatever the lane or priority (and no burst slots)."""
+
+    bursts = False
+
+    def __init__(self) -> None:
+        self._queue: deque[Queued] = deque()
+
+    def push(self, ticket: Queued) -> None:
+        self._queue.append(ticket)
+
+    def pop(self, may_run: MayRun) -> Queued | None:
+        if self._queue and may_run(self._queue[0].lane):
+            return self._queue.popleft()
+        return None
+
+    def remove(self, ticket: Queued) -> bool:
+        try:
+            self._queue.remove(ticket)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class PriorityQueue:
+    """Pages of one lane, lowest ``(priority, seq)`` first (vLLM's ``PriorityRequestQueue`` order)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Queued]] = []
+
+    def push(self, ticket: Queued) -> None:
+        heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
+
+    def peek(self) -> Queued:
+        """The next page (the queue must not be empty)."""
+        return self._heap[0][2]
+
+    def pop(self) -> Queued:
+        """Remove and return the next page."""
+        return heapq.heappop(self._heap)[2]
+
+    def remove(self, ticket: Queued) -> bool:
+        """Take ``ticket`` out (O(n): queues hold at most a lane's ``queue_pages``)."""
+        entry = (ticket.priority, ticket.seq, ticket)
+        try:
+            self._heap.remove(entry)
+        except ValueError:
+            return False
+        heapq.heapify(self._heap)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+class LanesPolicy(QueuePolicy):
+    """A priority queue per lane, weighted deficit round robin between lanes (module docstring).
+
+    Args:
+        lanes: the lanes, most urgent first: ties in a round go to the earlier one.
+    """
+
+    def __init__(self, lanes: Iterable[Lane]):
+        self._lanes = list(lanes)
+        self._queues = {lane.name: PriorityQueue() for lane in self._lanes}
+        self._deficit = {lane.name: 0.0 for lane in self._lanes}
+
+    def push(self, ticket: Queued) -> None:
+        self._queues[ticket.lane.name].push(ticket)
+
+    def pop(self, may_run: MayRun) -> Queued | None:
+        for lane in self._lanes:
+            if not self._queues[lane.name]:
+                self._deficit[lane.name] = 0.0  # DRR: an idle lane keeps no credit
+        candidates = [lane for lane in self._lanes if self._queues[lane.name] and may_run(lane)]
+        if not candidates:
+            return None
+        # Deficit round robin, advanced straight to the first round in which some lane can pay.
+        rounds = min(max(0, math.ceil((self._head_cost(lane) - self._deficit[lane.name]) / lane.weight))
+                     for lane in candidates)
+        for lane in candidates:
+            self._deficit[lane.name] += rounds * lane.weight
+        lane = next(lane for lane in candidates if self._deficit[lane.name] >= self._head_cost(lane))
+        ticket = self._queues[lane.name].pop()
+        self._deficit[lane.name] -= ticket.cost
+        return ticket
+
+    def _head_cost(self, lane: Lane) -> int:
+        return self._queues[lane.name].peek().cost
+
+    def remove(self, ticket: Queued) -> bool:
+        return self._queues[ticket.lane.name].remove(ticket)
+
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self._queues.values())
+
+
+def create_policy(mode: str, lanes: Iterable[Lane]) -> QueuePolicy:
+    """The policy ``router.mode`` names: ``lanes`` or ``fifo``.
+
+    Raises:
+        ValueError: another mode.
+    """
+    if mode == "lanes":
+        return LanesPolicy(lanes)
+    if mode == "fifo":
+        return FifoPolicy()
+    raise ValueError(f"router.mode={mode!r}: expected lanes or fifo")

@@ -10,12 +10,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from httpx_sse import aconnect_sse
+from tenacity import retry_if_exception
+
+from ocrserve import backoff
 
 #: File suffixes ``ocrserve ocr DIR`` picks up.
 DOCUMENT_SUFFIXES = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp", ".gif", ".pdf"}
 #: Statuses worth retrying: the server is busy or restarting.
 RETRY_STATUSES = {429, 502, 503}
+#: Back-off of a retried request, seconds: first wait, cap (see :mod:`ocrserve.backoff`).
+REQUEST_BACKOFF_S = (0.5, 10.0)
+#: Back-off of a job's event stream reconnecting after consecutive failures, seconds: first wait, cap.
+STREAM_BACKOFF_S = (1.0, 10.0)
 
 
 class RequestFailed(Exception):
@@ -28,9 +35,7 @@ class RequestFailed(Exception):
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.TransportError) or (
-        isinstance(exc, RequestFailed) and exc.status in RETRY_STATUSES
-    )
+    return isinstance(exc, httpx.TransportError) or (isinstance(exc, RequestFailed) and exc.status in RETRY_STATUSES)
 
 
 def file_sha256(path: Path) -> str:
@@ -96,7 +101,7 @@ class OcrClient:
         self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
         self.attempts = attempts
 
-    async def __aenter__(self) -> "OcrClient":
+    async def __aenter__(self) -> OcrClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -108,10 +113,7 @@ class OcrClient:
         Raises:
             RequestFailed: an error status that is not retried, or the last one.
         """
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=0.5, max=10), reraise=True,
-        ):
+        async for attempt in backoff.retrying(self.attempts, *REQUEST_BACKOFF_S, retry_if_exception(_retryable)):
             with attempt:
                 response = await send()
                 if response.status_code >= 400:
@@ -123,8 +125,9 @@ class OcrClient:
 
         async def send() -> httpx.Response:
             with path.open("rb") as fh:
-                return await self._http.post(url, data=data, files={"file": (path.name, fh, media_type)},
-                                             headers=headers)
+                return await self._http.post(
+                    url, data=data, files={"file": (path.name, fh, media_type)}, headers=headers
+                )
 
         return await self._retrying(send)
 
@@ -138,8 +141,9 @@ class OcrClient:
         response = await self._post_file("/v1/ocr", path, data)
         return response.json() if fmt == "json" else response.text
 
-    async def submit_job(self, path: Path, *, pages: str | None = None, priority: int | None = None,
-                         key: str | None = None) -> dict:
+    async def submit_job(
+        self, path: Path, *, pages: str | None = None, priority: int | None = None, key: str | None = None
+    ) -> dict:
         """Submit one file as a job (``POST /v1/jobs``); returns the job's status (``id``,
         ``pages_total``, ...). With the same ``key`` (an ``Idempotency-Key``) and request, the
         earlier job is returned instead of a new one.
@@ -163,26 +167,30 @@ class OcrClient:
         while True:
             headers = {"Last-Event-ID": last_id} if last_id else {}
             try:
-                async with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                             timeout=httpx.Timeout(30.0, read=None)) as response:
+                async with aconnect_sse(
+                    self._http,
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(30.0, read=None),
+                ) as source:
+                    response = source.response
                     if response.status_code >= 400:
                         await response.aread()
                         raise RequestFailed(response.status_code, _problem_body(response))
-                    decoder = SseDecoder()
-                    async for line in response.aiter_lines():
-                        if (decoded := decoder.feed(line)) is None:
+                    async for sse in source.aiter_sse():
+                        if not sse.data:  # a keep-alive after an event with an id
                             continue
-                        event, event_id, data = decoded
                         failures = 0
-                        last_id = event_id or last_id
-                        yield event, data
-                        if event == "done":
+                        last_id = sse.id or last_id
+                        yield sse.event, sse.json()
+                        if sse.event == "done":
                             return
-            except (httpx.TransportError, RequestFailed) as exc:
+            except (httpx.TransportError, RequestFailed) as exc:  # httpx_sse.SSEError is a TransportError
                 failures += 1
                 if failures >= self.attempts or not _retryable(exc):
                     raise
-                await asyncio.sleep(min(0.5 * 2 ** failures, 10))
+                await asyncio.sleep(backoff.delay(failures, *STREAM_BACKOFF_S))
 
     async def job_result(self, job_id: str, *, fmt: str = "json") -> dict | str:
         """A finished job's result: the result dict for ``json``, else the rendered text.
@@ -192,27 +200,6 @@ class OcrClient:
         """
         response = await self._retrying(lambda: self._http.get(f"/v1/jobs/{job_id}/result", params={"format": fmt}))
         return response.json() if fmt == "json" else response.text
-
-
-class SseDecoder:
-    """Decodes a ``text/event-stream`` line by line (the WHATWG Server-Sent Events format, as far as
-    ocrserve's events use it: ``event``, ``id`` and one JSON ``data`` line; comments skipped)."""
-
-    def __init__(self) -> None:
-        self._fields: dict[str, str] = {}
-
-    def feed(self, line: str) -> tuple[str, str, dict] | None:
-        """Take one line (without its newline); return ``(event, id, data)`` when it ends an event."""
-        if line.startswith(":"):
-            return None
-        if line:
-            key, _, value = line.partition(":")
-            self._fields[key] = value.removeprefix(" ")
-            return None
-        fields, self._fields = self._fields, {}
-        if "data" not in fields:
-            return None
-        return fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])
 
 
 def _problem_body(response: httpx.Response) -> dict:

@@ -1,26 +1,47 @@
 """Profiles: validated configuration for the gateway, preprocessor, router and engine.
 
-A profile is a YAML file in ``configs/`` (``local``, ``debug``, ``prod`` and GPU presets) or any
-path to one. Values are layered, later wins:
+A profile is a YAML file shipped in the package (``ocrserve/profiles/``: ``local``, ``prod`` and
+GPU presets; ``ocrserve profiles`` lists them) or any path to one. :class:`Config` is a
+pydantic-settings ``BaseSettings`` whose sources layer the values, later wins:
 
-1. the profile's YAML file,
-2. environment variables ``OCRSERVE_<SECTION>__<KEY>`` (e.g. ``OCRSERVE_SERVER__PORT=9000``),
-3. ``--set section.key=value`` overrides from the command line (values parsed as YAML scalars).
+1. the profile's YAML file (:class:`ProfileSource`),
+2. environment variables ``OCRSERVE_<SECTION>__<KEY>`` (e.g. ``OCRSERVE_SERVER__PORT=9000``;
+   :class:`EnvSource`),
+3. ``--set section.key=value`` overrides from the command line, the init source.
 
-Every model forbids unknown keys, so a typo is an error that names the key.
+Values from the environment and ``--set`` are parsed as YAML scalars (``9000`` is a number,
+``[a, b]`` a list). Every model forbids unknown keys, so a typo anywhere is an error that names the
+key.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    YamlConfigSettingsSource,
+)
 
-CONFIG_DIR = Path(__file__).resolve().parent / "profiles"
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+#: The shipped profiles, found through the package (any working directory, editable or wheel).
+PROFILES_DIR: Traversable = files("ocrserve") / "profiles"
 ENV_PREFIX = "OCRSERVE_"
+ENV_DELIMITER = "__"
 #: Variables with the prefix that are not profile keys: ``ocrserve ocr``'s server and key, the
 #: corpus location of the evaluation scripts, and the test suite's log switch.
 NON_CONFIG_ENV = frozenset({"OCRSERVE_URL", "OCRSERVE_API_KEY", "OCRSERVE_CORPUS", "OCRSERVE_TEST_LOGS"})
@@ -50,8 +71,11 @@ class OnnxEngineConfig(Section):
         1, ge=0, description="onnxruntime threads per stage session of pages of priority > 0 (bulk); 0 = one per core"
     )
     background_nice: int = Field(
-        10, ge=0, le=19, description="Nice value added to the threads running bulk pages' stages (Linux), so "
-                                     "an interactive page takes the cores from them at once; 0 = off"
+        10,
+        ge=0,
+        le=19,
+        description="Nice value added to the threads running bulk pages' stages (Linux), so "
+        "an interactive page takes the cores from them at once; 0 = off",
     )
     max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")
     rec_batch_num: int = Field(6, ge=1, description="Crops per ONNX run within a group (sorted by width first)")
@@ -73,7 +97,7 @@ class VllmClientConfig(Section):
     base_urls: list[str] = Field(
         default_factory=list,
         description="Server roots of the replicas (http://host:port; a trailing /v1 is accepted). Empty: "
-                    "`ocrserve launch` starts vLLM itself and points the engine at it",
+        "`ocrserve launch` starts vLLM itself and points the engine at it",
     )
     api_key: str = Field("", description="Bearer key the replicas expect (vLLM --api-key); empty = none")
     task: Literal["text", "markdown", "table"] = Field("text", description="Which of the model's prompts to send")
@@ -166,7 +190,9 @@ class VllmConfig(Section):
 
     host: str = Field("127.0.0.1", description="vLLM's bind address (--host)")
     port: int = Field(8001, ge=1, le=65535, description="vLLM's port (--port)")
-    gpu_memory_utilization: Fraction | Auto = Field("auto", description="Fraction of each GPU vLLM may use; auto = 0.90")
+    gpu_memory_utilization: Fraction | Auto = Field(
+        "auto", description="Fraction of each GPU vLLM may use; auto = 0.90"
+    )
     max_num_seqs: Count | Auto = Field("auto", description="Pages decoding at once per replica")
     max_num_batched_tokens: Count | Auto = Field("auto", description="Tokens per scheduler step")
     max_model_len: Count | Auto = Field("auto", description="Longest sequence: one page's visual + prompt + output")
@@ -179,7 +205,9 @@ class VllmConfig(Section):
     extra_args: list[str] = Field(default_factory=list, exclude=True, description="Appended to the planned argv")
     gpu: str = Field("auto", exclude=True, description="GPU to plan for: a registry name or auto (NVML/nvidia-smi)")
     gpu_memory_gib: float | None = Field(None, gt=0, exclude=True, description="Memory per GPU, GiB (overrides)")
-    gpus: Count | Auto = Field("auto", exclude=True, description="GPUs to use; auto = all detected (1 with a named GPU)")
+    gpus: Count | Auto = Field(
+        "auto", exclude=True, description="GPUs to use; auto = all detected (1 with a named GPU)"
+    )
     health_timeout_s: float = Field(
         1800.0, gt=0, exclude=True, description="How long vLLM may take to answer /health (download + load), s"
     )
@@ -199,19 +227,21 @@ class StoreConfig(Section):
     and the folder holding uploads and results (see ``ocrserve.jobs``)."""
 
     url: str = Field(
-        "", description="sqlite:///path.db (a relative path after the three slashes, an absolute one after "
-                        "four) or redis://host:port/0; empty = sqlite:///<data_dir>/jobs.db",
+        "",
+        description="sqlite:///path.db (a relative path after the three slashes, an absolute one after "
+        "four) or redis://host:port/0; empty = sqlite:///<data_dir>/jobs.db",
     )
     data_dir: Path = Field(
         default_factory=default_data_dir,
         description="Uploads, page results and the dedup cache; every gateway sharing a Redis store must "
-                    "see the same folder (a shared volume)",
+        "see the same folder (a shared volume)",
     )
     key_prefix: str = Field("ocrserve", min_length=1, description="Namespace of every Redis key")
     cache_entries: int = Field(10_000, ge=0, description="Documents the dedup cache keeps (LRU); 0 = off")
     cache_sync: bool = Field(
-        False, description="Answer synchronous POST /v1/ocr from the dedup cache too (jobs always use it); off by "
-                           "default so that load tests and benchmarks measure the engine",
+        False,
+        description="Answer synchronous POST /v1/ocr from the dedup cache too (jobs always use it); off by "
+        "default so that load tests and benchmarks measure the engine",
     )
 
     @field_validator("data_dir")
@@ -224,11 +254,17 @@ class JobsConfig(Section):
     """Durable bulk jobs: the worker that runs their pages, retries, retention and webhooks."""
 
     concurrency: int = Field(
-        0, ge=0, description="Pages this gateway's worker holds at once (decoding, queued, in the engine); "
-                             "0 = twice the router's engine capacity",
+        0,
+        ge=0,
+        description="Pages this gateway's worker holds at once (decoding, queued, in the engine); "
+        "0 = twice the router's engine capacity",
     )
-    lease_s: float = Field(60.0, gt=0, description="Visibility timeout of a claimed page, seconds; renewed at a "
-                                                   "third of it while the page runs, re-claimed after it")
+    lease_s: float = Field(
+        60.0,
+        gt=0,
+        description="Visibility timeout of a claimed page, seconds; renewed at a "
+        "third of it while the page runs, re-claimed after it",
+    )
     poll_interval_s: float = Field(0.5, gt=0, description="Seconds between claim attempts while idle or overloaded")
     max_attempts: int = Field(4, ge=1, description="Tries of a page that fails transiently before it fails")
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry, seconds; doubles each try")
@@ -236,15 +272,20 @@ class JobsConfig(Section):
     max_files: int = Field(100, ge=1, description="Documents in one job (400 above)")
     max_priority: int = Field(9, ge=0, le=99, description="Jobs take priority 0..max_priority; higher runs first")
     events_poll_s: float = Field(0.25, gt=0, description="Seconds between store reads of an open event stream")
-    retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs, their uploads and results are "
-                                                              "deleted this long after they end, seconds")
+    retention_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="Finished jobs, their uploads and results are deleted this long after they end, seconds",
+    )
     janitor_interval_s: float = Field(600.0, gt=0, description="Seconds between retention sweeps")
     webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned")
     webhook_allow_hosts: list[str] = Field(
-        default_factory=list, description="Hosts webhooks may call (exact, or *.example.com); empty = no webhooks",
+        default_factory=list,
+        description="Hosts webhooks may call (exact, or *.example.com); empty = no webhooks",
     )
     webhook_allow_private: bool = Field(
-        False, description="Let webhooks reach loopback, private and link-local addresses (SSRF guard off)",
+        False,
+        description="Let webhooks reach loopback, private and link-local addresses (SSRF guard off)",
     )
     webhook_timeout_s: float = Field(10.0, gt=0, description="Seconds one webhook call may take")
     webhook_attempts: int = Field(6, ge=1, description="Calls of a webhook before it is given up")
@@ -252,8 +293,95 @@ class JobsConfig(Section):
     webhook_backoff_max_s: float = Field(60.0, gt=0, description="Cap of the webhook retry wait, seconds")
 
 
-class Config(Section):
+class ConfigError(ValueError):
+    """A profile that cannot be found, parsed or validated; the message names the key at fault."""
+
+
+def _yaml_value(raw: str, where: str) -> Any:
+    """``raw`` parsed as a YAML scalar (or flow list/mapping); empty stays the empty string."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        reason = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"{where}: not a valid YAML value: {raw!r} ({reason})") from None
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """What one :func:`load_config` call layers under its ``--set`` values."""
+
+    profile: Path | None
+    environ: Mapping[str, str]
+
+
+#: Set by :func:`load_config` while it builds a :class:`Config`; ``Config()`` outside it reads
+#: ``os.environ`` and no profile file.
+_LAYERS: ContextVar[_Layers | None] = ContextVar("ocrserve_config_layers", default=None)
+
+
+class ProfileSource(YamlConfigSettingsSource):
+    """The profile's YAML file: must be a mapping of sections; ``profile`` defaults to its stem."""
+
+    def _read_file(self, file_path: Path) -> dict[str, Any]:
+        try:
+            tree = yaml.safe_load(file_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file_path}: not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{file_path}: a profile must be a mapping of sections")
+        tree.setdefault("profile", Path(file_path.name).stem)
+        return tree
+
+
+class EnvSource(EnvSettingsSource):
+    """``OCRSERVE_<SECTION>__<KEY>`` variables of an injectable environment, values parsed as YAML.
+
+    pydantic-settings' own source nests ``OCRSERVE_ENGINE__ONNX__BATCH`` into
+    ``{"engine": {"onnx": {"batch": ...}}}`` (which the forbidding section then rejects) but only
+    looks up names whose first part is a field, so ``OCRSERVE_NONSENSE=1`` would pass unnoticed:
+    :meth:`__call__` adds such names to its output so that validation reports them as unknown
+    keys. The client's and tools' own variables (:data:`NON_CONFIG_ENV`) are not configuration.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str] | None = None):
+        self._environ = os.environ if environ is None else environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, Any]:
+        # Names lower-cased (the source matches case-insensitively), values already YAML-parsed:
+        # decode_complex_value below passes them through instead of reading JSON.
+        found: dict[str, Any] = {}
+        for name, raw in self._environ.items():
+            upper = name.upper()
+            if upper.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and upper not in NON_CONFIG_ENV:
+                found[name.lower()] = _yaml_value(raw, name)
+        return found
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        return value
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        fields = self.settings_cls.model_fields
+        for name, value in sorted(self.env_vars.items()):
+            path = name[len(ENV_PREFIX) :].split(ENV_DELIMITER)
+            if path[0] not in fields:
+                _assign(data, path, value)
+        return data
+
+
+class Config(BaseSettings):
     """A whole profile. See the module docstring for how values are layered."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        case_sensitive=False,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+    )
 
     profile: str = "local"
     description: str = ""
@@ -265,13 +393,28 @@ class Config(Section):
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
-
-class ConfigError(ValueError):
-    """A profile that cannot be found, parsed or validated; the message names the key at fault."""
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Highest priority first: ``--set`` (init kwargs), the environment, the profile file."""
+        layers = _LAYERS.get()
+        if layers is None:
+            return init_settings, EnvSource(settings_cls)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, EnvSource(settings_cls, layers.environ)]
+        if layers.profile is not None:
+            sources.append(ProfileSource(settings_cls, yaml_file=layers.profile))
+        return tuple(sources)
 
 
 def profile_path(profile: str) -> Path:
-    """Resolve ``profile`` (a name in ``configs/`` or a path to a YAML file).
+    """Resolve ``profile``: a shipped profile's name (see :func:`list_profiles`) or a path to a
+    YAML file.
 
     Raises:
         ConfigError: no such file.
@@ -281,41 +424,31 @@ def profile_path(profile: str) -> Path:
         if candidate.is_file():
             return candidate
         raise ConfigError(f"profile file not found: {profile}")
-    named = CONFIG_DIR / f"{profile}.yaml"
-    if named.is_file():
-        return named
+    named = PROFILES_DIR / f"{profile}.yaml"
+    if "/" not in profile and named.is_file():
+        return Path(str(named))
     raise ConfigError(f"unknown profile {profile!r}; available: {', '.join(list_profiles())}")
 
 
 def list_profiles() -> list[str]:
-    """Names of the profiles shipped in ``configs/``."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    """Names of the profiles shipped in the package (``ocrserve/profiles/*.yaml``)."""
+    return sorted(
+        entry.name[: -len(".yaml")]
+        for entry in PROFILES_DIR.iterdir()
+        if entry.name.endswith(".yaml") and entry.is_file()
+    )
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and its YAML-parsed value.
 
     Raises:
-        ConfigError: no ``=`` or an empty key.
+        ConfigError: no ``=``, an empty key or a value that is not YAML.
     """
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects key=value, got {item!r}")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
-
-
-def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[list[str], Any]]:
-    """``OCRSERVE_A__B=v`` environment variables as key paths (lower-cased) and YAML values.
-
-    The client's and tools' own variables (:data:`NON_CONFIG_ENV`) are not configuration.
-    """
-    environ = os.environ if environ is None else environ
-    found = []
-    for name, raw in sorted(environ.items()):
-        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and name not in NON_CONFIG_ENV:
-            path = name[len(ENV_PREFIX):].lower().split("__")
-            found.append((path, yaml.safe_load(raw) if raw.strip() else ""))
-    return found
+    return key.strip().split("."), _yaml_value(raw, f"--set {key.strip()}")
 
 
 def _assign(tree: dict, path: list[str], value: Any) -> None:
@@ -331,12 +464,12 @@ def _assign(tree: dict, path: list[str], value: Any) -> None:
 def load_config(
     profile: str = "local",
     overrides: list[str] | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Config:
     """Load and validate a profile with environment and ``--set`` overrides applied.
 
     Args:
-        profile: a name from ``configs/`` or a path to a YAML file.
+        profile: a shipped profile's name or a path to a YAML file.
         overrides: ``key.path=value`` strings, applied last.
         environ: environment to read ``OCRSERVE_*`` from (default: ``os.environ``).
 
@@ -345,29 +478,48 @@ def load_config(
             every offending key).
     """
     path = profile_path(profile)
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: a profile must be a mapping of sections")
-    tree.setdefault("profile", path.stem)
-    for key_path, value in env_overrides(environ):
-        _assign(tree, key_path, value)
+    environ = os.environ if environ is None else environ
+    tree: dict[str, Any] = {}
     for item in overrides or []:
-        _assign(tree, *parse_override(item))
+        key_path, value = parse_override(item)
+        if key_path[0].startswith("_"):  # BaseSettings would take _env_file=... as an argument
+            raise ConfigError(f"invalid configuration (profile {path.name}): unknown key {'.'.join(key_path)!r}")
+        _assign(tree, key_path, value)
+    token = _LAYERS.set(_Layers(path, environ))
     try:
         return Config(**tree)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
+        raise ConfigError(_describe(exc, path, environ, tree)) from None
+    except SettingsError as exc:  # a source failed; ours raise ConfigError, so this is unexpected
+        raise ConfigError(f"invalid configuration (profile {path.name}): {exc}: {exc.__cause__}") from exc
+    finally:
+        _LAYERS.reset(token)
 
 
-def _describe(exc: ValidationError, path: Path) -> str:
+def _set_by(tree: dict, parts: list[str]) -> bool:
+    """Whether the ``--set`` tree holds ``parts`` (or a value above it)."""
+    node: Any = tree
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return not isinstance(node, dict)
+        node = node[part]
+    return True
+
+
+def _describe(exc: ValidationError, path: Path, environ: Mapping[str, str], overrides: dict) -> str:
+    """One line per error, naming the key (and the environment variable, where it came from one)."""
+    env_names = sorted(
+        name for name in environ if name.upper().startswith(ENV_PREFIX) and name.upper() not in NON_CONFIG_ENV
+    )
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        parts = [str(p) for p in err["loc"]]
+        key = ".".join(parts)
+        var = ENV_PREFIX + ENV_DELIMITER.join(parts).upper()
+        origins = [name for name in env_names if name.upper() == var or name.upper().startswith(var + ENV_DELIMITER)]
+        hint = f" (from {', '.join(origins)})" if origins and not _set_by(overrides, parts) else ""
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown key {key!r}")
+            lines.append(f"unknown key {key!r}{hint}")
         else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r}){hint}")
     return f"invalid configuration (profile {path.name}): " + "; ".join(lines)

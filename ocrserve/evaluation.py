@@ -33,8 +33,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from rapidfuzz.distance import Levenshtein
-
 CORPUS_ENV = "OCRSERVE_CORPUS"
 PAGE_BREAK = "\f"
 CER = "cer"
@@ -188,7 +186,14 @@ def cer(hypothesis: str, reference: str, *, case_insensitive: bool = False) -> f
     """Character error rate of ``hypothesis`` against ``reference`` after :func:`normalize`.
 
     ``edit_distance / len(reference)``; 0.0 when both are empty, 1.0 when only the reference is.
+
+    Raises:
+        ImportError: rapidfuzz is missing (``pip install 'ocrserve[eval]'``).
     """
+    try:
+        from rapidfuzz.distance import Levenshtein  # the eval extra: loading the index needs none
+    except ImportError as exc:
+        raise ImportError("scoring CER needs rapidfuzz: pip install 'ocrserve[eval]'") from exc
     hyp = normalize(hypothesis, case_insensitive=case_insensitive)
     ref = normalize(reference, case_insensitive=case_insensitive)
     if not ref:

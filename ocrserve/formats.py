@@ -5,7 +5,11 @@ from __future__ import annotations
 import uuid
 
 FORMATS = ("json", "text", "markdown")
-MEDIA_TYPES = {"json": "application/json", "text": "text/plain; charset=utf-8", "markdown": "text/markdown; charset=utf-8"}
+MEDIA_TYPES = {
+    "json": "application/json",
+    "text": "text/plain; charset=utf-8",
+    "markdown": "text/markdown; charset=utf-8",
+}
 
 
 def assemble_result(pages: list[dict], model: str, lane: str, seconds: float, result_id: str = "") -> dict:

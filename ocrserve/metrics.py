@@ -12,47 +12,56 @@ REQUESTS = Counter(
     "ocrserve_http_requests", "HTTP requests answered, by route template and status code.", ["route", "status"]
 )
 REQUEST_SECONDS = Histogram(
-    "ocrserve_http_request_duration_seconds", "HTTP request latency by route template.", ["route"],
+    "ocrserve_http_request_duration_seconds",
+    "HTTP request latency by route template.",
+    ["route"],
     buckets=LATENCY_BUCKETS,
 )
 PAGES = Counter("ocrserve_pages", "Pages finished, by outcome (ok, failed).", ["outcome"])
 PREPROCESS_SECONDS = Histogram(
     "ocrserve_preprocess_seconds", "Seconds to decode and normalize one page.", buckets=LATENCY_BUCKETS
 )
-ENGINE_SECONDS = Histogram(
-    "ocrserve_engine_seconds", "Seconds one page spends in the engine.", buckets=LATENCY_BUCKETS
-)
+ENGINE_SECONDS = Histogram("ocrserve_engine_seconds", "Seconds one page spends in the engine.", buckets=LATENCY_BUCKETS)
 ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and warmed up.")
 
 # Router (lanes, admission, dispatch)
 QUEUED_PAGES = Gauge("ocrserve_queued_pages", "Pages admitted to a lane and not yet in the engine.", ["lane"])
 QUEUE_DEPTH = Gauge("ocrserve_queue_depth", "Requests admitted to a lane and not yet finished.", ["lane"])
 QUEUE_WAIT_SECONDS = Histogram(
-    "ocrserve_queue_wait_seconds", "Seconds a page waited in its lane for an engine slot.", ["lane"],
+    "ocrserve_queue_wait_seconds",
+    "Seconds a page waited in its lane for an engine slot.",
+    ["lane"],
     buckets=(0.001, 0.01, 0.05) + LATENCY_BUCKETS,
 )
 REQUEST_LATENCY_SECONDS = Histogram(
-    "ocrserve_request_latency_seconds", "End-to-end seconds of a synchronous OCR request, by lane.", ["lane"],
+    "ocrserve_request_latency_seconds",
+    "End-to-end seconds of a synchronous OCR request, by lane.",
+    ["lane"],
     buckets=LATENCY_BUCKETS,
 )
 SLOTS_IN_USE = Gauge("ocrserve_engine_slots_in_use", "Pages in the engine now.")
 ENGINE_PAGES = Counter("ocrserve_engine_pages", "Pages handed to the engine, by lane.", ["lane"])
 REJECTIONS = Counter(
-    "ocrserve_rejections", "Requests or pages refused or dropped, by lane and reason "
-    "(queue_full, deadline, cancelled, too_large).", ["lane", "reason"],
+    "ocrserve_rejections",
+    "Requests or pages refused or dropped, by lane and reason (queue_full, deadline, cancelled, too_large).",
+    ["lane", "reason"],
 )
 ABORTED_PAGES = Counter(
-    "ocrserve_engine_aborted_pages", "Pages cancelled while in the engine (vLLM aborts the request), by lane and "
-    "reason (deadline, cancelled: client gone or job cancelled).", ["lane", "reason"],
+    "ocrserve_engine_aborted_pages",
+    "Pages cancelled while in the engine (vLLM aborts the request), by lane and "
+    "reason (deadline, cancelled: client gone or job cancelled).",
+    ["lane", "reason"],
 )
 BATCH_SIZE = Histogram(
-    "ocrserve_engine_batch_size", "Items per engine batch (recognition crops for the embedded engine).",
+    "ocrserve_engine_batch_size",
+    "Items per engine batch (recognition crops for the embedded engine).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 
 # vLLM replicas behind the vllm engine (polled from each replica's /metrics and /health)
-VLLM_REPLICA_UP = Gauge("ocrserve_vllm_replica_up", "1 while the replica answers /health and serves the model.",
-                        ["replica"])
+VLLM_REPLICA_UP = Gauge(
+    "ocrserve_vllm_replica_up", "1 while the replica answers /health and serves the model.", ["replica"]
+)
 VLLM_REQUESTS_WAITING = Gauge(
     "ocrserve_vllm_requests_waiting", "vllm:num_requests_waiting of the replica at the last poll.", ["replica"]
 )
@@ -60,40 +69,50 @@ VLLM_REQUESTS_RUNNING = Gauge(
     "ocrserve_vllm_requests_running", "vllm:num_requests_running of the replica at the last poll.", ["replica"]
 )
 VLLM_KV_CACHE_USAGE = Gauge(
-    "ocrserve_vllm_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc of the replica at the last poll (0-1).",
+    "ocrserve_vllm_kv_cache_usage_ratio",
+    "vllm:kv_cache_usage_perc of the replica at the last poll (0-1).",
     ["replica"],
 )
 VLLM_REQUESTS = Counter(
-    "ocrserve_vllm_requests", "Chat-completion requests sent to a replica, by outcome (ok; unavailable: connection "
+    "ocrserve_vllm_requests",
+    "Chat-completion requests sent to a replica, by outcome (ok; unavailable: connection "
     "error or 503, retried elsewhere; timeout; error: any other status).",
     ["replica", "outcome"],
 )
 
 # Durable jobs (ocrserve.jobs): intake, this gateway's worker, webhooks, retention, dedup cache
 JOBS_SUBMITTED = Counter(
-    "ocrserve_jobs_submitted", "Job submissions answered 202, by kind (new; replay: an Idempotency-Key seen "
-    "before with the same request).", ["kind"],
+    "ocrserve_jobs_submitted",
+    "Job submissions answered 202, by kind (new; replay: an Idempotency-Key seen before with the same request).",
+    ["kind"],
 )
 JOBS_FINISHED = Counter("ocrserve_jobs_finished", "Jobs ended here, by final status.", ["status"])
 JOB_PAGES = Counter(
-    "ocrserve_jobs_pages", "Job pages this gateway's worker finished or gave back, by outcome (done; failed; "
+    "ocrserve_jobs_pages",
+    "Job pages this gateway's worker finished or gave back, by outcome (done; failed; "
     "retried: transient failure, queued again after a backoff; duplicate: another claimant finished it first).",
     ["outcome"],
 )
 JOB_CLAIMS = Counter(
-    "ocrserve_jobs_claims", "Job pages claimed by this gateway's worker, by kind (first; again: a retry, or a page "
-    "whose earlier claimant stopped renewing its lease).", ["kind"],
+    "ocrserve_jobs_claims",
+    "Job pages claimed by this gateway's worker, by kind (first; again: a retry, or a page "
+    "whose earlier claimant stopped renewing its lease).",
+    ["kind"],
 )
 JOB_PAGES_IN_FLIGHT = Gauge("ocrserve_jobs_pages_in_flight", "Job pages this gateway's worker holds now.")
 JOB_BACKLOG = Gauge(
-    "ocrserve_jobs_backlog_pages", "Job pages queued or running in the store, all gateways together (sampled).",
+    "ocrserve_jobs_backlog_pages",
+    "Job pages queued or running in the store, all gateways together (sampled).",
 )
 JOB_ADMISSION_WAITS = Counter(
-    "ocrserve_jobs_admission_waits", "Times the worker found the bulk lane full and waited before claiming.",
+    "ocrserve_jobs_admission_waits",
+    "Times the worker found the bulk lane full and waited before claiming.",
 )
 WEBHOOKS = Counter(
-    "ocrserve_jobs_webhooks", "Webhook deliveries, by outcome (delivered; failed: every attempt failed; refused: "
-    "the address was no longer allowed).", ["outcome"],
+    "ocrserve_jobs_webhooks",
+    "Webhook deliveries, by outcome (delivered; failed: every attempt failed; refused: "
+    "the address was no longer allowed).",
+    ["outcome"],
 )
 JOBS_EXPIRED = Counter("ocrserve_jobs_expired", "Jobs deleted with their files after jobs.retention_s.")
 DEDUP_LOOKUPS = Counter("ocrserve_dedup_lookups", "Dedup-cache lookups, by result (hit, miss).", ["result"])

@@ -152,8 +152,9 @@ class LanesPolicy(QueuePolicy):
         if not candidates:
             return None
         # Deficit round robin, advanced straight to the first round in which some lane can pay.
-        rounds = min(max(0, math.ceil((self._head_cost(lane) - self._deficit[lane.name]) / lane.weight))
-                     for lane in candidates)
+        rounds = min(
+            max(0, math.ceil((self._head_cost(lane) - self._deficit[lane.name]) / lane.weight)) for lane in candidates
+        )
         for lane in candidates:
             self._deficit[lane.name] += rounds * lane.weight
         lane = next(lane for lane in candidates if self._deficit[lane.name] >= self._head_cost(lane))

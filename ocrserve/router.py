@@ -60,7 +60,7 @@ class Ticket:
     """
 
     page: Page
-    reservation: "Reservation"
+    reservation: Reservation
     cost: int
     priority: Priority
     deadline: Deadline | None
@@ -70,7 +70,7 @@ class Ticket:
     task: asyncio.Task | None = None
 
     @property
-    def lane(self) -> "Lane":
+    def lane(self) -> Lane:
         """The lane the page was admitted to."""
         return self.reservation.lane
 
@@ -176,7 +176,7 @@ class Router:
         return FAST if small else BULK
 
     @contextlib.asynccontextmanager
-    async def admit(self, lane_name: str, pages: int) -> AsyncIterator["Reservation"]:
+    async def admit(self, lane_name: str, pages: int) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in a lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
@@ -190,7 +190,8 @@ class Router:
         if pages > lane.cfg.queue_pages:
             raise PayloadTooLarge(
                 f"{pages} pages exceed the {lane.name} lane's queue of router.{lane.name}.queue_pages="
-                f"{lane.cfg.queue_pages}", slug="too-many-pages",
+                f"{lane.cfg.queue_pages}",
+                slug="too-many-pages",
             )
         if lane.reserved + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages)
@@ -212,7 +213,8 @@ class Router:
         problem = Overloaded(
             f"the {lane.name} lane holds {lane.reserved} of {lane.cfg.queue_pages} pages and cannot take "
             f"{pages} more; draining at {rate:.2f} pages/s, retry in {wait} s",
-            slug="queue-full", headers={"Retry-After": str(wait)},
+            slug="queue-full",
+            headers={"Retry-After": str(wait)},
         )
         problem.status = self.cfg.overload_status
         raise problem
@@ -220,7 +222,7 @@ class Router:
     def _overall_rate(self, now: float) -> float:
         return sum(lane.drain_rate(now) for lane in self.lanes.values())
 
-    async def submit(self, page: Page, reservation: "Reservation", work: WorkItem = WorkItem()) -> PageResult:
+    async def submit(self, page: Page, reservation: Reservation, work: WorkItem = WorkItem()) -> PageResult:
         """Queue one admitted page and wait for its result.
 
         Args:

@@ -104,8 +104,9 @@ class OcrService:
         metrics.REQUEST_LATENCY_SECONDS.labels(lane).observe(seconds)
         return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
 
-    async def _run_pages(self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation,
-                         work: WorkItem) -> list[Attempt]:
+    async def _run_pages(
+        self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation, work: WorkItem
+    ) -> list[Attempt]:
         """Every selected page through the pipeline, concurrently, each as soon as it is decoded."""
         tasks: list[asyncio.Task] = []
         try:

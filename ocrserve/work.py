@@ -49,7 +49,6 @@ class Priority(int):
         return cls(bulk + max_priority - job_priority)
 
 
-
 def is_urgent(priority: int) -> bool:
     """Whether ``priority`` is interactive work (at or below :data:`URGENT`), which the embedded
     engine runs on its full-speed sessions and threads; every larger value is background work."""

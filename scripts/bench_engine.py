@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from eval_corpus import DirectReader, naive_inputs, server_ready  # scripts/ is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
-from eval_corpus import DirectReader, naive_inputs, server_ready  # scripts/ is on sys.path when run as a script
 from ocrserve.evaluation import load_index, locate_corpus
 
 REQUEST_TIMEOUT_S = 600.0
@@ -116,8 +116,13 @@ def report(api: Run, direct: Run, concurrency: int) -> Table:
     table = Table(title="Throughput on the same single-page images")
     for name in ("reader", "pages", "failures", "seconds", "pages/min"):
         table.add_column(name, justify="right")
-    table.add_row(f"API, concurrency {concurrency}", str(api.pages), str(api.failures), f"{api.seconds:.1f}",
-                  f"{api.pages_per_min:.1f}")
+    table.add_row(
+        f"API, concurrency {concurrency}",
+        str(api.pages),
+        str(api.failures),
+        f"{api.seconds:.1f}",
+        f"{api.pages_per_min:.1f}",
+    )
     table.add_row("rapidocr direct", str(direct.pages), "-", f"{direct.seconds:.1f}", f"{direct.pages_per_min:.1f}")
     return table
 

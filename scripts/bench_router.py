@@ -75,8 +75,9 @@ async def post(client: httpx.AsyncClient, data: bytes, **form) -> httpx.Response
     return response
 
 
-async def interactive_stream(client: httpx.AsyncClient, page: bytes, interval: float, stop: asyncio.Event,
-                             count: int | None = None) -> list[float]:
+async def interactive_stream(
+    client: httpx.AsyncClient, page: bytes, interval: float, stop: asyncio.Event, count: int | None = None
+) -> list[float]:
     """One single-page request every ``interval`` s until ``stop`` (or ``count`` requests)."""
     latencies: list[float] = []
     while not stop.is_set() and (count is None or len(latencies) < count):
@@ -122,16 +123,23 @@ def run_mode(mode: str, page: bytes, document: bytes, args, console: Console) ->
         plan += [("bulk only", True, False), ("bulk + interactive", True, True)]
         for label, flood, stream in plan:
             console.print(f"[bold]{mode}[/bold]: {label} ...")
-            runs.append(asyncio.run(measure(gateway.url, f"{mode}: {label}", page, document, args,
-                                            flood=flood, stream=stream)))
+            runs.append(
+                asyncio.run(measure(gateway.url, f"{mode}: {label}", page, document, args, flood=flood, stream=stream))
+            )
     return runs
 
 
 def report(runs: list[Run], console: Console) -> dict:
     table = Table("run", "interactive n", "p50 s", "p95 s", "bulk pages", "bulk pages/min")
     for run in runs:
-        table.add_row(run.name, str(len(run.interactive_s)), f"{run.p50:.2f}", f"{run.p95:.2f}",
-                      str(run.bulk_pages or ""), f"{run.bulk_per_min:.1f}" if run.bulk_pages else "")
+        table.add_row(
+            run.name,
+            str(len(run.interactive_s)),
+            f"{run.p50:.2f}",
+            f"{run.p95:.2f}",
+            str(run.bulk_pages or ""),
+            f"{run.bulk_per_min:.1f}" if run.bulk_pages else "",
+        )
     console.print(table)
     by = {run.name: run for run in runs}
     idle, lanes, fifo = by["lanes: idle"], by["lanes: bulk + interactive"], by["fifo: bulk + interactive"]
@@ -167,8 +175,11 @@ def main() -> None:
     figures = report(runs, console)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"runs": [asdict(r) | {"p50": r.p50, "p95": r.p95, "bulk_per_min": r.bulk_per_min} for r in runs],
-                   "figures": figures, "args": {k: str(v) for k, v in vars(args).items()}}
+        payload = {
+            "runs": [asdict(r) | {"p50": r.p50, "p95": r.p95, "bulk_per_min": r.bulk_per_min} for r in runs],
+            "figures": figures,
+            "args": {k: str(v) for k, v in vars(args).items()},
+        }
         args.json.write_text(json.dumps(payload, indent=2))
 
 

@@ -228,8 +228,12 @@ def summary_table(summaries: dict[str, dict[str, float]]) -> Table:
         table.add_column(name, justify="right")
     for reader, s in summaries.items():
         table.add_row(
-            reader, f"{s['mean_cer']:.3f}", f"{s['median_cer']:.3f}", f"{s['mean_bag_f1']:.3f}",
-            f"{s['cer_documents']}/{s['documents']}", f"{s['pages_per_min']:.1f}",
+            reader,
+            f"{s['mean_cer']:.3f}",
+            f"{s['median_cer']:.3f}",
+            f"{s['mean_bag_f1']:.3f}",
+            f"{s['cer_documents']}/{s['documents']}",
+            f"{s['pages_per_min']:.1f}",
         )
     return table
 

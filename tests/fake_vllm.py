@@ -23,10 +23,26 @@ def main() -> None:
     if os.environ.get("FAKE_VLLM_FAIL"):
         print(os.environ["FAKE_VLLM_FAIL"], flush=True)
         sys.exit(1)
-    os.execv(sys.executable, [
-        sys.executable, "-m", "ocrserve", "engine", "serve", "--backend", "onnx", "--host", args.host,
-        "--port", str(args.port), "--served-model-name", args.model, "--set", "preprocess.workers=1",
-    ])
+    os.execv(
+        sys.executable,
+        [
+            sys.executable,
+            "-m",
+            "ocrserve",
+            "engine",
+            "serve",
+            "--backend",
+            "onnx",
+            "--host",
+            args.host,
+            "--port",
+            str(args.port),
+            "--served-model-name",
+            args.model,
+            "--set",
+            "preprocess.workers=1",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ import re
 import time
 
 import httpx
+from httpx_sse import connect_sse
 from PIL import Image, ImageDraw, ImageFont
 
-from ocrserve.client import SseDecoder
 from tests import samples
 from tests.conftest import Gateway
 
@@ -21,8 +21,9 @@ def numbered_page(number: int) -> Image.Image:
     strip would cost several times more engine time; two lines read reliably (one line tends to be
     split in two)."""
     page = Image.new("L", (240, 200), 255)
-    ImageDraw.Draw(page).multiline_text((30, 30), f"Page\n{number}", font=ImageFont.load_default(size=48), fill=0,
-                                        spacing=24)
+    ImageDraw.Draw(page).multiline_text(
+        (30, 30), f"Page\n{number}", font=ImageFont.load_default(size=48), fill=0, spacing=24
+    )
     return page
 
 
@@ -64,20 +65,23 @@ def wait_job(http: httpx.Client, job_id: str, timeout: float = 120.0, until=None
 
 
 def read_events(http: httpx.Client, job_id: str, last_event_id: int | None = None) -> list[tuple[str, str, dict]]:
-    """The job's whole event stream, to its ``done``: ``(event, id, data)`` tuples."""
+    """The job's whole event stream, to its ``done``: ``(event, id, data)`` tuples (``id`` is the last
+    event id seen, as the SSE spec keeps it: ``done`` carries none of its own)."""
     headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-    events, decoder = [], SseDecoder()
-    with http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:
+    events = []
+    with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
+        response = source.response
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if (decoded := decoder.feed(line)) is not None:
-                events.append(decoded)
-                if decoded[0] == "done":
+        for sse in source.iter_sse():
+            if sse.data:  # not a keep-alive
+                events.append((sse.event, sse.id, sse.json()))
+                if sse.event == "done":
                     break
     return events
 
 
 def job_gateway(data_dir, *overrides: str) -> Gateway:
     """A gateway (not yet ready) keeping its jobs in ``data_dir``, with quick polls and leases."""
-    return Gateway(f"store.data_dir={data_dir}", "jobs.poll_interval_s=0.1", "jobs.lease_s=2",
-                   "jobs.events_poll_s=0.1", *overrides)
+    return Gateway(
+        f"store.data_dir={data_dir}", "jobs.poll_interval_s=0.1", "jobs.lease_s=2", "jobs.events_poll_s=0.1", *overrides
+    )

@@ -28,9 +28,23 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="ocrserve-redis-")
         self.proc = subprocess.Popen(
-            [executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self._dir.name,
-             "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self._dir.name,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         self._wait()
 

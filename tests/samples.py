@@ -69,6 +69,7 @@ def blank_pdf(pages: int, size_pt: tuple[float, float] = (612, 792)) -> bytes:
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR declares ``width x height`` RGB but whose data is a few bytes."""
+
     def chunk(kind: bytes, payload: bytes) -> bytes:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 

@@ -46,7 +46,7 @@ def test_ocr_result_json(http):
     assert bag_f1(body["text"], ground_truth("phototest.tif")) > 0.9
     first = page["lines"][0]
     assert first["text"].startswith("This is a lot of 12 point text")
-    xs, ys = zip(*first["box"])
+    xs, ys = zip(*first["box"], strict=True)
     assert 0 <= min(xs) < 60 and 500 < max(xs) <= 640 and 60 < min(ys) < max(ys) < 140
     assert 0.5 <= first["score"] <= 1
     assert {"queue_s", "preprocess_s", "engine_s"} <= set(page["timings"])
@@ -59,7 +59,7 @@ def test_boxes_in_client_pixels_after_downscale(http):
     (page,) = body["pages"]
     assert (page["width"], page["height"]) == (2560, 1920)
     first = next(line for line in page["lines"] if line["text"].startswith("This is a lot"))
-    xs, ys = zip(*first["box"])
+    xs, ys = zip(*first["box"], strict=True)
     # the same line sits at x 33..585, y 84..125 in the 640 x 480 original: 4x that here
     assert 100 < min(xs) < 180 and 2250 < max(xs) < 2420 and 300 < min(ys) < 380 and 460 < max(ys) < 540
 
@@ -77,10 +77,15 @@ def test_raw_body_pages_and_formats(http):
     assert markdown.startswith("## Page 1") and "## Page 2" in markdown
 
 
-@pytest.mark.parametrize("name, make", [
-    ("exif", samples.exif_rotated_jpeg), ("cmyk", samples.cmyk_jpeg),
-    ("pyramid", samples.pyramidal_tiff), ("rotate-pdf", samples.rotated_pdf),
-])
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("exif", samples.exif_rotated_jpeg),
+        ("cmyk", samples.cmyk_jpeg),
+        ("pyramid", samples.pyramidal_tiff),
+        ("rotate-pdf", samples.rotated_pdf),
+    ],
+)
 def test_hard_cases_read_right(http, name, make):
     body = post_file(http, make(), name).json()
     assert len(body["pages"]) == 1
@@ -96,14 +101,17 @@ def test_alpha_and_exif_samples(http, name):
     assert len(found) >= 4, body["text"]
 
 
-@pytest.mark.parametrize("case, data, status, detail", [
-    ("empty body", b"", 415, "empty"),
-    ("truncated jpeg", samples.truncated_jpeg(), 415, "cannot be decoded"),
-    ("text named .png", b"just some text, not an image\n" * 10, 415, "not a supported document"),
-    ("40000 x 40000 png header", samples.png_header_only(40000, 40000), 413, "max_page_pixels"),
-    ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages.*max_pages=200"),
-    ("pdf page of 40000 x 40000 px at 200 dpi", samples.blank_pdf(1, (14400, 14400)), 413, "max_page_pixels"),
-])
+@pytest.mark.parametrize(
+    "case, data, status, detail",
+    [
+        ("empty body", b"", 415, "empty"),
+        ("truncated jpeg", samples.truncated_jpeg(), 415, "cannot be decoded"),
+        ("text named .png", b"just some text, not an image\n" * 10, 415, "not a supported document"),
+        ("40000 x 40000 png header", samples.png_header_only(40000, 40000), 413, "max_page_pixels"),
+        ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages.*max_pages=200"),
+        ("pdf page of 40000 x 40000 px at 200 dpi", samples.blank_pdf(1, (14400, 14400)), 413, "max_page_pixels"),
+    ],
+)
 def test_bad_input_refused_quickly_and_server_keeps_serving(http, case, data, status, detail):
     started = time.perf_counter()
     assert_problem(post_file(http, data, "upload.png"), status, detail)
@@ -124,6 +132,7 @@ def test_bad_parameters(http):
 def test_upload_cut_short_is_a_499_not_a_500(gateway, http):
     """A client that disconnects halfway through its upload is counted as 499 (client closed
     request), raw body or multipart, and the server goes on serving."""
+
     def count(status: str) -> float:
         return metric(http, "ocrserve_http_requests_total", route="/v1/ocr", status=status)
 
@@ -163,16 +172,36 @@ def test_upload_limit_and_api_keys():
         with httpx.Client(base_url=gw.url, timeout=60) as http:
             tif = (DATA / "phototest.tif").read_bytes()
             assert_problem(http.post("/v1/ocr", files={"file": ("a", tif)}), 401, "Bearer")
-            assert_problem(http.post("/v1/ocr", files={"file": ("a", tif)}, headers={"authorization": "Bearer nope"}), 403, "not valid")
+            assert_problem(
+                http.post("/v1/ocr", files={"file": ("a", tif)}, headers={"authorization": "Bearer nope"}),
+                403,
+                "not valid",
+            )
             auth = {"authorization": "Bearer k1"}
             assert http.post("/v1/ocr", files={"file": ("a", tif)}, headers=auth).status_code == 200
-            assert_problem(http.post("/v1/ocr", content=b"x" * 60_000, headers={**auth, "content-type": "image/png"}), 413, "max_upload_mb")
+            assert_problem(
+                http.post("/v1/ocr", content=b"x" * 60_000, headers={**auth, "content-type": "image/png"}),
+                413,
+                "max_upload_mb",
+            )
 
             def chunks():
                 for _ in range(20):
                     yield b"x" * 8192
 
-            assert_problem(http.post("/v1/ocr", content=chunks(), headers={**auth, "content-type": "image/png"}), 413, "max_upload_mb")
+            assert_problem(
+                http.post("/v1/ocr", content=chunks(), headers={**auth, "content-type": "image/png"}),
+                413,
+                "max_upload_mb",
+            )
+
+            def multipart_chunks():  # the form is parsed before FastAPI's own parse, which would make it a 400
+                yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n'
+                yield from chunks()
+
+            multipart = {**auth, "content-type": "multipart/form-data; boundary=b"}
+            assert_problem(http.post("/v1/ocr", content=multipart_chunks(), headers=multipart), 413, "max_upload_mb")
+            assert_problem(http.post("/v1/jobs", content=multipart_chunks(), headers=multipart), 413, "max_upload_mb")
             assert http.get("/healthz").status_code == 200  # ops endpoints need no key
     finally:
         gw.stop()

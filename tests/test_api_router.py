@@ -25,14 +25,20 @@ def metric(http: httpx.Client, name: str, **labels) -> float:
 
 def six_page_tiff() -> bytes:
     page = samples.phototest()
-    return samples.encode(page, "TIFF", save_all=True, append_images=[page.transpose(Image.Transpose.FLIP_LEFT_RIGHT)] * 5)
+    return samples.encode(
+        page, "TIFF", save_all=True, append_images=[page.transpose(Image.Transpose.FLIP_LEFT_RIGHT)] * 5
+    )
 
 
 @pytest.fixture(scope="module")
 def gw():
     # one engine slot, no burst beyond it; a fast lane that holds 2 pages, a bulk lane of 8
-    gateway = Gateway("router.slot_overcommit=0.5", "router.fast.burst_slots=0", "router.fast.queue_pages=2",
-                      "router.bulk.queue_pages=8").wait_ready()
+    gateway = Gateway(
+        "router.slot_overcommit=0.5",
+        "router.fast.burst_slots=0",
+        "router.fast.queue_pages=2",
+        "router.bulk.queue_pages=8",
+    ).wait_ready()
     yield gateway
     gateway.stop()
 
@@ -86,7 +92,9 @@ def test_deadline_passed_while_queued_is_504_and_skips_engine(gw, http):
     wait_metric(http, "ocrserve_engine_slots_in_use", 1)
     engine_fast = metric(http, "ocrserve_engine_pages_total", lane="fast")
     drops = metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline")
-    refused = http.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "0.3"})
+    refused = http.post(
+        "/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "0.3"}
+    )
     assert_problem(refused, 504, "timeout=0.3")
     busy.join()
     assert metric(http, "ocrserve_engine_pages_total", lane="fast") == engine_fast

@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from ocrserve.engines.base import PageError
-from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher
 from ocrserve.config import EngineConfig
+from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
+from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher
 from tests.test_engine import load_page
 
 

@@ -35,8 +35,17 @@ def test_cli_out_keeps_subfolders_so_same_names_do_not_collide(gateway, tmp_path
     for folder, sample in (("a", "phototest.tif"), ("b", "testTIFF_multipage.tif")):
         (tmp_path / "in" / folder).mkdir(parents=True)
         (tmp_path / "in" / folder / "x.tif").write_bytes((DATA / sample).read_bytes())
-    command = [sys.executable, "-m", "ocrserve", "ocr", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
-               "--url", gateway.url]
+    command = [
+        sys.executable,
+        "-m",
+        "ocrserve",
+        "ocr",
+        str(tmp_path / "in"),
+        "--out",
+        str(tmp_path / "out"),
+        "--url",
+        gateway.url,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "wrote 2 result(s)" in done.stderr

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
 from ocrserve.cli import app
-from ocrserve.config import ConfigError, list_profiles, load_config
+from ocrserve.config import ConfigError, list_profiles, load_config, profile_path
 
 runner = CliRunner()
 
@@ -25,17 +27,59 @@ def test_set_beats_environment_beats_file():
     assert cfg.server.api_keys == ["a", "b"]
 
 
-@pytest.mark.parametrize("overrides, env, message", [
-    (["server.prot=1"], {}, "unknown key 'server.prot'"),
-    (["nonsense=1"], {}, "unknown key 'nonsense'"),
-    ([], {"OCRSERVE_ENGINE__ONNX__BATCH": "4"}, "unknown key 'engine.onnx.batch'"),
-    (["engine.onnx.max_batch_size=0"], {}, "engine.onnx.max_batch_size: Input should be greater than or equal to 1"),
-    (["engine.kind=tpu"], {}, "engine.kind"),
-    (["server.port"], {}, "--set expects key=value"),
-])
+@pytest.mark.parametrize(
+    "overrides, env, message",
+    [
+        (["server.prot=1"], {}, "unknown key 'server.prot'"),
+        (["nonsense=1"], {}, "unknown key 'nonsense'"),
+        ([], {"OCRSERVE_ENGINE__ONNX__BATCH": "4"}, "unknown key 'engine.onnx.batch'"),
+        (
+            [],
+            {"OCRSERVE_NONSENSE": "4"},
+            "unknown key 'nonsense' (from OCRSERVE_NONSENSE)",
+        ),  # pydantic-settings skips it
+        ([], {"OCRSERVE_SERVER_PORT": "4"}, "unknown key 'server_port'"),
+        ([], {"OCRSERVE_SERVER__PORT": "[1"}, "OCRSERVE_SERVER__PORT: not a valid YAML value"),
+        (["_env_file=x"], {}, "unknown key '_env_file'"),  # not a BaseSettings argument
+        (
+            ["engine.onnx.max_batch_size=0"],
+            {},
+            "engine.onnx.max_batch_size: Input should be greater than or equal to 1",
+        ),
+        (["engine.kind=tpu"], {}, "engine.kind"),
+        (["server.port"], {}, "--set expects key=value"),
+    ],
+)
 def test_bad_configuration_names_the_key(overrides, env, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("local", overrides, environ=env)
+
+
+def test_environment_and_set_values_are_yaml():
+    env = {
+        "OCRSERVE_SERVER__API_KEYS": "[k1, k2]",
+        "OCRSERVE_ROUTER__OVERLOAD_STATUS": "429",
+        "OCRSERVE_VLLM__GPU_MEMORY_GIB": "null",
+        "OCRSERVE_STORE__CACHE_SYNC": "yes",
+        "OCRSERVE_SERVER": "{host: 0.0.0.0}",
+    }
+    cfg = load_config("prod", ["engine.vllm.base_urls=[http://a:1,http://b:2]"], environ=env)
+    assert cfg.engine.vllm.base_urls == ["http://a:1", "http://b:2"] and cfg.server.api_keys == ["k1", "k2"]
+    assert (cfg.router.overload_status, cfg.vllm.gpu_memory_gib, cfg.store.cache_sync) == (429, None, True)
+    assert cfg.server.host == "0.0.0.0" and cfg.server.port == 8000  # a section's mapping merges with the file
+
+
+def test_real_environment_unless_one_is_injected(monkeypatch):
+    monkeypatch.setenv("OCRSERVE_SERVER__PORT", "9500")
+    assert load_config("local").server.port == 9500
+    assert load_config("local", environ={}).server.port == 8000
+
+
+def test_shipped_profiles_are_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert {"local", "prod"} <= set(list_profiles())
+    assert load_config("prod", environ={}).engine.kind == "vllm"
+    assert profile_path("local").parent.name == "profiles"
 
 
 def test_client_variables_are_not_config():

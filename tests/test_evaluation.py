@@ -120,9 +120,15 @@ def _write_corpus(root: Path) -> Path:
     (root / "sroie" / "r.jpg").write_bytes(b"not really a jpeg")
     (root / "sroie" / "r.gt.txt").write_text("TOTAL\n10.00\n", encoding="utf-8")
     entries = [
-        {"file": "sroie/r.jpg", "gt": ["sroie/r.box.csv", "sroie/r.gt.txt"], "gt_quality": "exact (line-level)",
-         "tags": ["receipt"], "license": "MIT", "lang": "en",
-         "sha256": "0b7cd3f3fb2ad5bd3fd2e1ba5d1e5e9a2a3b4b0c1a5c6b1f1e9f5e0c6d7a8b9c"},
+        {
+            "file": "sroie/r.jpg",
+            "gt": ["sroie/r.box.csv", "sroie/r.gt.txt"],
+            "gt_quality": "exact (line-level)",
+            "tags": ["receipt"],
+            "license": "MIT",
+            "lang": "en",
+            "sha256": "0b7cd3f3fb2ad5bd3fd2e1ba5d1e5e9a2a3b4b0c1a5c6b1f1e9f5e0c6d7a8b9c",
+        },
         {"file": "olmocr/p.pdf", "gt": ["olmocr/p.tests.jsonl"], "gt_quality": "partial (unit-test facts)"},
     ]
     (root / "index.json").write_text(json.dumps(entries), encoding="utf-8")
@@ -172,7 +178,10 @@ def test_real_corpus_index():
     assert all(d.path.is_file() for d in documents.values())
     assert all(d.gt_text_path.is_file() for d in scored)
     assert {d.file for d in documents.values() if not d.scored} == {
-        "olmocr/multi_column_miss.pdf", "olmocr/discoverworld_crazy_table4.pdf", "olmocr/edgar-rotated90.pdf"}
+        "olmocr/multi_column_miss.pdf",
+        "olmocr/discoverworld_crazy_table4.pdf",
+        "olmocr/edgar-rotated90.pdf",
+    }
     assert sum(d.metric == BAG_F1 for d in scored) == 11  # 6 scribeocr, 2 FUNSD, 3 word-set maps
     assert documents["tesseract/phototest.tif"].checksum_ok()
 

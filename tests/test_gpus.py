@@ -22,11 +22,22 @@ def test_lookup_keeps_4090_and_4090d_apart():
     assert lookup("geforce rtx 4090").name == "RTX 4090"
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("a100-80g", "A100 80G"), ("A100 40G", "A100 40G"), ("H200", "H200 141G"), ("h100", "H100 80G"),
-    ("T4", "T4 16G"), ("L40S", "L40S 48G"), ("L4", "L4"), ("A10", "A10 24G"), ("rtx3060", "RTX 3060 12G"),
-    ("RTX 2080 Ti", "RTX 2080 Ti"), ("RTX 3090", "RTX 3090"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a100-80g", "A100 80G"),
+        ("A100 40G", "A100 40G"),
+        ("H200", "H200 141G"),
+        ("h100", "H100 80G"),
+        ("T4", "T4 16G"),
+        ("L40S", "L40S 48G"),
+        ("L4", "L4"),
+        ("A10", "A10 24G"),
+        ("rtx3060", "RTX 3060 12G"),
+        ("RTX 2080 Ti", "RTX 2080 Ti"),
+        ("RTX 3090", "RTX 3090"),
+    ],
+)
 def test_lookup_every_registry_card(name, expected):
     assert lookup(name).name == expected
 
@@ -57,17 +68,20 @@ def test_parse_nvidia_smi():
     assert parse_nvidia_smi("") == []
 
 
-@pytest.mark.parametrize("reported, mib, expected", [
-    ("NVIDIA A100-SXM4-80GB", 81920, "A100 80G"),
-    ("NVIDIA A100-PCIE-40GB", 40960, "A100 40G"),
-    ("NVIDIA GeForce RTX 4090 D", 24564, "RTX 4090D"),
-    ("NVIDIA GeForce RTX 4090", 24564, "RTX 4090"),
-    ("Tesla T4", 15360, "T4 16G"),
-    ("NVIDIA H100 80GB HBM3", 81559, "H100 80G"),
-    ("NVIDIA L40S", 46068, "L40S 48G"),
-    ("NVIDIA L4", 23034, "L4"),
-    ("NVIDIA H200", 143771, "H200 141G"),
-])
+@pytest.mark.parametrize(
+    "reported, mib, expected",
+    [
+        ("NVIDIA A100-SXM4-80GB", 81920, "A100 80G"),
+        ("NVIDIA A100-PCIE-40GB", 40960, "A100 40G"),
+        ("NVIDIA GeForce RTX 4090 D", 24564, "RTX 4090D"),
+        ("NVIDIA GeForce RTX 4090", 24564, "RTX 4090"),
+        ("Tesla T4", 15360, "T4 16G"),
+        ("NVIDIA H100 80GB HBM3", 81559, "H100 80G"),
+        ("NVIDIA L40S", 46068, "L40S 48G"),
+        ("NVIDIA L4", 23034, "L4"),
+        ("NVIDIA H200", 143771, "H200 141G"),
+    ],
+)
 def test_match_detected_names(reported, mib, expected):
     assert match_detected(reported, mib).name == expected
 
@@ -86,8 +100,10 @@ def _fake_nvidia_smi(tmp_path, output: str):
 def test_detect_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
     if shutil.which("nvidia-smi"):
         pytest.skip("a real nvidia-smi is on PATH")
-    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, "NVIDIA H200, 143771\\nNVIDIA H200, 143771\\n")
-                       + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv(
+        "PATH",
+        _fake_nvidia_smi(tmp_path, "NVIDIA H200, 143771\\nNVIDIA H200, 143771\\n") + os.pathsep + os.environ["PATH"],
+    )
     found = detect()
     assert (found.name, found.memory_mib, found.count, found.via) == ("NVIDIA H200", 143771, 2, "nvidia-smi")
     spec = found.as_spec()

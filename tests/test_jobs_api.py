@@ -23,7 +23,14 @@ from ocrserve.jobs.webhooks import check_webhook_url, host_allowed
 from tests import samples
 from tests.conftest import DATA
 from tests.jobs_util import (
-    engine_pages, job_gateway, metric, numbered_page, numbered_tiff, page_number, read_events, wait_job,
+    engine_pages,
+    job_gateway,
+    metric,
+    numbered_page,
+    numbered_tiff,
+    page_number,
+    read_events,
+    wait_job,
 )
 from tests.test_api import assert_problem
 
@@ -34,9 +41,14 @@ CONCURRENCY = 2
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
     gateway = job_gateway(
-        tmp_path_factory.mktemp("jobs"), "store.cache_sync=true", f"jobs.concurrency={CONCURRENCY}",
-        f"jobs.webhook_secret={SECRET}", "jobs.webhook_allow_hosts=[127.0.0.1]", "jobs.webhook_allow_private=true",
-        "jobs.webhook_backoff_s=0.2", "preprocess.max_page_pixels=1000000",
+        tmp_path_factory.mktemp("jobs"),
+        "store.cache_sync=true",
+        f"jobs.concurrency={CONCURRENCY}",
+        f"jobs.webhook_secret={SECRET}",
+        "jobs.webhook_allow_hosts=[127.0.0.1]",
+        "jobs.webhook_allow_private=true",
+        "jobs.webhook_backoff_s=0.2",
+        "preprocess.max_page_pixels=1000000",
     ).wait_ready()
     yield gateway
     gateway.stop()
@@ -96,7 +108,7 @@ def test_sse_in_order_complete_and_resumable(http):
     assert all(e[2]["state"] == "done" and e[2]["pages_total"] == 5 for e in pages)
     assert done[2]["status"] == "succeeded" and done[2]["pages_done"] == 5
     resumed = read_events(http, job_id, last_event_id=3)
-    assert [(e[0], e[1]) for e in resumed] == [("page", "4"), ("page", "5"), ("done", "")]
+    assert [(e[0], e[1]) for e in resumed] == [("page", "4"), ("page", "5"), ("done", "5")]  # done: no id of its own
     assert resumed[0][2] == pages[3][2]
 
 
@@ -201,15 +213,19 @@ def test_webhook_signed_and_retried(http):
     assert metric(http, "ocrserve_jobs_webhooks_total", outcome="delivered") >= 1
 
 
-@pytest.mark.parametrize("url, detail", [
-    ("http://example.com/hook", "not on jobs.webhook_allow_hosts"),
-    ("http://localhost:9/hook", "'localhost' is not on jobs.webhook_allow_hosts"),
-    ("ftp://127.0.0.1/hook", "http:// or https://"),
-])
+@pytest.mark.parametrize(
+    "url, detail",
+    [
+        ("http://example.com/hook", "not on jobs.webhook_allow_hosts"),
+        ("http://localhost:9/hook", "'localhost' is not on jobs.webhook_allow_hosts"),
+        ("ftp://127.0.0.1/hook", "http:// or https://"),
+    ],
+)
 def test_webhook_off_the_allow_list_is_refused_at_submission(http, url, detail):
     submitted = metric(http, "ocrserve_jobs_submitted_total", kind="new")
-    body = assert_problem(submit(http, ("w.png", samples.encode(numbered_page(52), "PNG")), webhook_url=url),
-                          400, detail)
+    body = assert_problem(
+        submit(http, ("w.png", samples.encode(numbered_page(52), "PNG")), webhook_url=url), 400, detail
+    )
     assert body["type"].endswith(("webhook-refused", "bad-request"))
     assert metric(http, "ocrserve_jobs_submitted_total", kind="new") == submitted
 
@@ -236,12 +252,24 @@ def test_refusals_at_submission(http):
     assert_problem(submit(http, ("ok.png", samples.encode(numbered_page(1), "PNG")), pages="3"), 400, "pages")
     assert_problem(http.post("/v1/jobs", files={"priority": (None, "1")}), 400, "file")
     assert_problem(submit(http, ("huge.png", samples.png_header_only(40000, 40000))), 413, "max_page_pixels")
-    two_large = samples.encode(samples.phototest().resize((1280, 960)), "TIFF", save_all=True,
-                               append_images=[samples.phototest().resize((1280, 960))])  # 1.2 Mpx > 1 Mpx
+    two_large = samples.encode(
+        samples.phototest().resize((1280, 960)),
+        "TIFF",
+        save_all=True,
+        append_images=[samples.phototest().resize((1280, 960))],
+    )  # 1.2 Mpx > 1 Mpx
     assert_problem(submit(http, ("large.tif", two_large)), 413, "page 1 is 1280 x 960")
     for field, value in (("timeout", "abc"), ("format", "xml")):  # as POST /v1/ocr checks them without the header
-        assert_problem(http.post("/v1/ocr", files={"file": ("ok.png", samples.encode(numbered_page(1), "PNG"))},
-                                 data={field: value}, headers={"prefer": "respond-async"}), 400, field)
+        assert_problem(
+            http.post(
+                "/v1/ocr",
+                files={"file": ("ok.png", samples.encode(numbered_page(1), "PNG"))},
+                data={field: value},
+                headers={"prefer": "respond-async"},
+            ),
+            400,
+            field,
+        )
     png = samples.encode(numbered_page(1), "PNG")
     assert_problem(http.post("/v1/jobs", files=[("file", ("p.png", png))] * 101), 400, "jobs.max_files=100")
 
@@ -261,8 +289,11 @@ def test_failed_page_makes_the_job_partial(http):
 
 
 def test_prefer_respond_async_makes_a_job(http):
-    response = http.post("/v1/ocr", content=samples.encode(numbered_page(71), "PNG"),
-                         headers={"content-type": "image/png", "prefer": "respond-async"})
+    response = http.post(
+        "/v1/ocr",
+        content=samples.encode(numbered_page(71), "PNG"),
+        headers={"content-type": "image/png", "prefer": "respond-async"},
+    )
     job_id = accepted(response)
     assert response.headers["preference-applied"] == "respond-async"
     assert wait_job(http, job_id)["status"] == "succeeded"

@@ -12,8 +12,9 @@ from tests.jobs_util import engine_pages, job_gateway, metric, numbered_page, wa
 
 
 def test_transient_failures_are_retried_then_fail(tmp_path):
-    gateway = job_gateway(tmp_path, "router.bulk.timeout_s=0.000001", "jobs.max_attempts=3",
-                          "jobs.retry_backoff_s=0.2").wait_ready()
+    gateway = job_gateway(
+        tmp_path, "router.bulk.timeout_s=0.000001", "jobs.max_attempts=3", "jobs.retry_backoff_s=0.2"
+    ).wait_ready()
     try:
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
             png = samples.encode(numbered_page(7), "PNG")

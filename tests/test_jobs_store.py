@@ -5,21 +5,21 @@ webhook claims, retention and the dedup-cache index."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from ocrserve.config import JobsConfig, StoreConfig
-from ocrserve.store.files import DataDir
 from ocrserve.jobs.janitor import Janitor
-from ocrserve.store.records import (
-    CANCELLED, PAGE_CANCELLED, PAGE_DONE, PAGE_FAILED, PARTIAL, QUEUED, RUNNING, SUCCEEDED, Document, Job, PageOutcome,
-)
-from ocrserve.store import open_store
+from ocrserve.store import open_store, redis_store
 from ocrserve.store.base import IdempotencyConflict
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import Document, Job, JobStatus, PageOutcome, PageState
 from ocrserve.store.sqlite_store import SqliteStore
 from tests.redis_server import redis_url  # noqa: F401  (fixture)
 
@@ -39,14 +39,30 @@ async def store(request, tmp_path):
 
 
 def make_job(pages: int = 3, *, priority: int = 0, webhook: str = "", request_hash: str = "h", created=None) -> Job:
-    doc = Document(name="d.tif", sha256="0" * 64, size=10, kind="image", page_count=pages,
-                   sizes=[[10, 10]] * pages, frames=list(range(pages)), indices=list(range(pages)))
-    return Job(id=uuid.uuid4().hex, status=QUEUED, priority=priority, created=created or time.time(),
-               documents=[doc], model="m", webhook_url=webhook, request_hash=request_hash)
+    doc = Document(
+        name="d.tif",
+        sha256="0" * 64,
+        size=10,
+        kind="image",
+        page_count=pages,
+        sizes=[[10, 10]] * pages,
+        frames=list(range(pages)),
+        indices=list(range(pages)),
+    )
+    return Job(
+        id=uuid.uuid4().hex,
+        status=JobStatus.QUEUED,
+        priority=priority,
+        created=created or time.time(),
+        documents=[doc],
+        model="m",
+        webhook_url=webhook,
+        request_hash=request_hash,
+    )
 
 
 def ok(path: str = "jobs/x/page.json") -> PageOutcome:
-    return PageOutcome(PAGE_DONE, path)
+    return PageOutcome(PageState.DONE, path)
 
 
 async def test_claim_order_priority_then_age_then_page(store):
@@ -55,8 +71,8 @@ async def test_claim_order_priority_then_age_then_page(store):
     claimed = await store.claim("w", 3, LEASE)
     assert [(t.job_id, t.seq) for t in claimed] == [(high.id, 0), (high.id, 1), (low.id, 0)]
     assert all(t.attempts == 1 and t.token for t in claimed)
-    assert (await store.get(high.id)).status == RUNNING
-    assert (await store.get(low.id)).status == RUNNING
+    assert (await store.get(high.id)).status == JobStatus.RUNNING
+    assert (await store.get(low.id)).status == JobStatus.RUNNING
     assert await store.backlog() == 4
     (last,) = await store.claim("w", 5, LEASE)
     assert (last.job_id, last.seq) == (low.id, 1)
@@ -83,18 +99,20 @@ async def test_completion_counts_once_and_ends_the_job(store):
     assert (await store.complete(b0, ok("b0"))).counted
     second = await store.complete(a0, ok("a0"))  # the slow first claimant finishes too
     assert not second.counted and not second.ended
-    last = await store.complete(a1, PageOutcome(PAGE_FAILED, error={"status": 502, "detail": "x"}))
-    assert last.counted and last.ended == PARTIAL
+    last = await store.complete(a1, PageOutcome(PageState.FAILED, error={"status": 502, "detail": "x"}))
+    assert last.counted and last.ended == JobStatus.PARTIAL
     assert not (await store.complete(b1, ok("b1"))).counted
     done = await store.get(job.id)
-    assert (done.status, done.pages_ok, done.pages_failed, done.pages_done) == (PARTIAL, 1, 1, 2)
+    assert (done.status, done.pages_ok, done.pages_failed, done.pages_done) == (JobStatus.PARTIAL, 1, 1, 2)
     assert done.finished > 0 and done.terminal
     pages = await store.pages(job.id)
-    assert [(p.seq, p.state, p.result_path) for p in pages] == [(0, PAGE_DONE, "b0"), (1, PAGE_FAILED, "")]
+    assert [(p.seq, p.state, p.result_path) for p in pages] == [(0, PageState.DONE, "b0"), (1, PageState.FAILED, "")]
     assert pages[1].error == {"status": 502, "detail": "x"}
     events = await store.events(job.id)
     assert [(e.id, e.data["page"], e.data["state"], e.data["pages_done"]) for e in events] == [
-        (1, 0, "done", 1), (2, 1, "failed", 2)]
+        (1, 0, "done", 1),
+        (2, 1, "failed", 2),
+    ]
     assert all(e.data["pages_total"] == 2 for e in events)
     assert [e.id for e in await store.events(job.id, after=1)] == [2]
     assert await store.backlog() == 0
@@ -130,12 +148,12 @@ async def test_cancel_keeps_queued_pages_from_being_claimed(store):
     assert (await store.complete(running, ok())).counted
     (held,) = await store.claim("w", 1, LEASE)
     cancelled = await store.cancel(job.id)
-    assert cancelled.status == CANCELLED and cancelled.pages_done == 1
+    assert cancelled.status == JobStatus.CANCELLED and cancelled.pages_done == 1
     assert await store.claim("w", 5, LEASE) == []
     assert await store.renew([held], LEASE) == [held]
     assert not (await store.complete(held, ok())).counted
-    assert [p.state for p in await store.pages(job.id)] == [PAGE_DONE, PAGE_CANCELLED, PAGE_CANCELLED]
-    assert (await store.cancel(job.id)).status == CANCELLED
+    assert [p.state for p in await store.pages(job.id)] == [PageState.DONE, PageState.CANCELLED, PageState.CANCELLED]
+    assert (await store.cancel(job.id)).status == JobStatus.CANCELLED
     assert await store.cancel("no-such-job") is None
     hook = await store.claim_webhook(LEASE)
     assert hook.id == job.id
@@ -144,7 +162,7 @@ async def test_cancel_keeps_queued_pages_from_being_claimed(store):
 
 async def test_pages_known_at_creation_finish_at_once(store):
     job, _ = await store.create(make_job(2), finished={0: ok("c0"), 1: ok("c1")})
-    assert job.status == SUCCEEDED and job.pages_ok == 2
+    assert job.status == JobStatus.SUCCEEDED and job.pages_ok == 2
     assert await store.claim("w", 5, LEASE) == []
     assert [e.data["page"] for e in await store.events(job.id)] == [0, 1]
     half, _ = await store.create(make_job(2), finished={1: ok("c1")})
@@ -156,11 +174,11 @@ async def test_pages_known_at_creation_finish_at_once(store):
 async def test_webhook_claims_are_leased_until_done(store):
     job, _ = await store.create(make_job(1, webhook="http://hook"))
     plain, _ = await store.create(make_job(1))
-    for j in (job, plain):
+    for _ in (job, plain):
         (task,) = await store.claim("w", 1, LEASE)
         await store.complete(task, ok())
     claimed = await store.claim_webhook(0.3)
-    assert claimed.id == job.id and claimed.status == SUCCEEDED
+    assert claimed.id == job.id and claimed.status == JobStatus.SUCCEEDED
     assert await store.claim_webhook(0.3) is None  # leased, and the other job has no webhook
     await asyncio.sleep(0.4)
     assert (await store.claim_webhook(LEASE)).id == job.id  # the sender died: someone else sends it
@@ -206,3 +224,37 @@ def test_store_url_forms(tmp_path):
     assert open_store(StoreConfig(url="sqlite:////abs/jobs.db", data_dir=tmp_path)).path.as_posix() == "/abs/jobs.db"
     with pytest.raises(ValueError, match="store.url"):
         open_store(StoreConfig(url="postgres://x", data_dir=tmp_path))
+
+
+def test_statuses_are_the_plain_strings_stored_and_dumped():
+    assert [str(s) for s in JobStatus] == ["queued", "running", "succeeded", "failed", "partial", "cancelled"]
+    assert [f"{s}" for s in PageState] == ["queued", "running", "done", "failed", "cancelled"]
+    assert f"{JobStatus.PARTIAL:>9}|" == "  partial|" and JobStatus.FAILED == "failed"
+    assert json.dumps({"state": PageState.DONE}) == '{"state": "done"}'
+    job = make_job(1)
+    assert json.loads(json.dumps(job.to_json()))["status"] == "queued"
+    old = {**json.loads(json.dumps(job.to_json())), "status": "succeeded"}  # as an earlier release stored it
+    loaded = Job.from_json(old)
+    assert loaded.status is JobStatus.SUCCEEDED and loaded.terminal
+
+
+def test_every_lua_file_is_a_registered_script():
+    folder = Path(redis_store.__file__).parent / "lua"
+    assert {p.stem for p in folder.glob("*.lua")} == {redis_store.COMMON, *redis_store.SCRIPTS}
+    common = (folder / f"{redis_store.COMMON}.lua").read_text()
+    store = redis_store.RedisStore("redis://127.0.0.1:1/0")  # registering scripts does not connect
+    assert set(store._scripts) == set(redis_store.SCRIPTS)
+    for name in redis_store.SCRIPTS:
+        source = redis_store.lua_source(name)
+        assert source.startswith(common) and source.endswith((folder / f"{name}.lua").read_text())
+        assert store._scripts[name].script == source
+
+
+@pytest.mark.redis
+async def test_every_lua_script_compiles_on_the_server(redis_url):  # noqa: F811
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        for name in redis_store.SCRIPTS:
+            assert await client.script_load(redis_store.lua_source(name))  # raises on a syntax error
+    finally:
+        await client.aclose()

@@ -47,14 +47,21 @@ class Launch:
         self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
         self.log = log
         args = [sys.executable, "-m", "ocrserve", "launch", "--profile", "prod", "--port", str(self.port)]
-        for item in (f"vllm.executable={FAKE_VLLM}", "vllm.gpu=RTX 4090D", f"vllm.port={self.vllm_port}",
-                     "preprocess.workers=1", "vllm.restart_backoff_s=0.5", "engine.vllm.poll_interval_s=0.3",
-                     *overrides):
+        for item in (
+            f"vllm.executable={FAKE_VLLM}",
+            "vllm.gpu=RTX 4090D",
+            f"vllm.port={self.vllm_port}",
+            "preprocess.workers=1",
+            "vllm.restart_backoff_s=0.5",
+            "engine.vllm.poll_interval_s=0.3",
+            *overrides,
+        ):
             args += ["--set", item]
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "PATH": path, **(env or {})})
+            self.proc = subprocess.Popen(
+                args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PATH": path, **(env or {})}
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -107,8 +114,20 @@ def launched(tmp_path_factory):
 
 
 def test_dry_run_prints_the_plan_and_both_command_lines():
-    result = CliRunner().invoke(app, ["launch", "--profile", "prod", "--dry-run", "--set", "vllm.gpu=RTX 4090D",
-                                      "--set", "vllm.extra_args=[--enforce-eager]"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "launch",
+            "--profile",
+            "prod",
+            "--dry-run",
+            "--set",
+            "vllm.gpu=RTX 4090D",
+            "--set",
+            "vllm.extra_args=[--enforce-eager]",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     assert "tencent/HunyuanOCR on 1 x RTX 4090D" in result.stdout and "--max-num-seqs" in result.stdout
     vllm_line = next(line for line in result.stdout.splitlines() if line.startswith("vLLM:"))
@@ -128,8 +147,13 @@ def test_unknown_gpu_is_an_error_that_says_how_to_name_one():
 
 def test_serve_vllm_script_runs_the_command_the_launcher_plans():
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    done = subprocess.run([str(REPO / "scripts" / "serve-vllm.sh"), "--gpu", "RTX 4090D"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PATH": path, "DRY_RUN": "1"})
+    done = subprocess.run(
+        [str(REPO / "scripts" / "serve-vllm.sh"), "--gpu", "RTX 4090D"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": path, "DRY_RUN": "1"},
+    )
     assert done.returncode == 0, done.stderr
     config = load_config("prod", ["vllm.gpu=RTX 4090D"], environ={})
     assert shlex.split(done.stderr.strip().splitlines()[-1]) == vllm_command(config, plan_for(config))
@@ -149,8 +173,12 @@ def test_vllm_exiting_before_healthy_fails_fast_with_its_last_lines(tmp_path):
 
 def test_gateway_starts_after_vllm_is_healthy_and_reads_through_it(launched):
     output = launched.output()
-    order = [f"waiting for {launched.vllm_url}/health", "vllm | fake vllm: serve tencent/HunyuanOCR",
-             "vLLM is healthy; starting the gateway", f"gateway listening on {launched.url}"]
+    order = [
+        f"waiting for {launched.vllm_url}/health",
+        "vllm | fake vllm: serve tencent/HunyuanOCR",
+        "vLLM is healthy; starting the gateway",
+        f"gateway listening on {launched.url}",
+    ]
     positions = [output.index(marker) for marker in order]
     assert positions == sorted(positions), output
     assert f"vLLM:    {FAKE_VLLM} serve tencent/HunyuanOCR" in output
@@ -208,8 +236,10 @@ def test_every_vllm_profile_launches_with_an_argv_vllm_accepts():
         validate(args)
         assert (args.host, args.port) == (config.vllm.host, config.vllm.port)
         assert args.max_num_seqs == plan.vllm_args["max_num_seqs"] >= 1
-        assert args.mm_processor_kwargs == {"min_pixels": config.preprocess.min_pixels,
-                                            "max_pixels": config.preprocess.max_pixels}
+        assert args.mm_processor_kwargs == {
+            "min_pixels": config.preprocess.min_pixels,
+            "max_pixels": config.preprocess.max_pixels,
+        }
 
 
 @pytest.mark.parametrize("profile", ["local", "prod"])
@@ -218,8 +248,20 @@ def test_taken_address_fails_before_models_or_vllm_start(profile):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = [sys.executable, "-m", "ocrserve", "launch", "--profile", profile, "--port", str(port),
-                "--set", f"vllm.executable={FAKE_VLLM}", "--set", "vllm.gpu=RTX 4090D"]
+        args = [
+            sys.executable,
+            "-m",
+            "ocrserve",
+            "launch",
+            "--profile",
+            profile,
+            "--port",
+            str(port),
+            "--set",
+            f"vllm.executable={FAKE_VLLM}",
+            "--set",
+            "vllm.gpu=RTX 4090D",
+        ]
         done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr

@@ -21,9 +21,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ocrserve.cli import plan as plan_cli
+from ocrserve.cli.plan_render import render_argv, render_json, render_table, render_yaml
+from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.models import get_model
-from ocrserve.gpu.planner import PlanError, plan_serving, render_argv, render_json, render_table, render_yaml
 
 GIB = 1024**3
 RESERVES = 536_870_912 + 805_306_368  # CUDA graphs + CUDA context
@@ -34,8 +35,9 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_hunyuan_on_rtx_4090d_with_a_2048_squared_budget():
-    plan = plan_serving(get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"),
-                        min_pixels=512 * 512, max_pixels=2048 * 2048, factor=32)
+    plan = plan_serving(
+        get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"), min_pixels=512 * 512, max_pixels=2048 * 2048, factor=32
+    )
     # visual: a square 2048x2048 page -> 64*(64+1)+2 = 4162; vLLM's 512x8192 profile image (area
     #   4,194,304, not resized) -> 256*(16+1)+2 = 4354; the larger: 4354
     # prompt: doc_parse prompt 209 bytes -> ceil(209/2) + 32 = 137
@@ -155,8 +157,12 @@ def test_page_too_big_suggests_a_smaller_budget():
     with pytest.raises(PlanError) as err:
         plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=2048 * 2048)
     tokens = int(str(err.value).split("max_tokens <= ")[1].split(" ")[0])
-    assert plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=2048 * 2048,
-                        max_tokens=tokens).value("max_num_seqs") == 1
+    assert (
+        plan_serving(get_model("tencent/HunyuanOCR"), six_gib, max_pixels=2048 * 2048, max_tokens=tokens).value(
+            "max_num_seqs"
+        )
+        == 1
+    )
 
 
 def test_requested_max_num_seqs_beyond_memory_fails():
@@ -206,8 +212,11 @@ def test_two_gpus_large_model_needs_tensor_parallelism():
 
 
 def test_overrides_pass_through_and_are_checked():
-    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"),
-                        overrides={"max_num_seqs": "auto", "enforce_eager": True, "swap_space": 0})
+    plan = plan_serving(
+        get_model("PaddlePaddle/PaddleOCR-VL"),
+        lookup("RTX 3060"),
+        overrides={"max_num_seqs": "auto", "enforce_eager": True, "swap_space": 0},
+    )
     argv = plan.argv()
     assert "--enforce-eager" in argv and _flag(argv, "--swap-space") == "0"
     with pytest.raises(PlanError, match="below"):
@@ -237,19 +246,21 @@ def _cli() -> typer.Typer:
 
 def test_cli_plan_formats_and_errors():
     runner = CliRunner()
-    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "RTX 3060",
-                                    "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"])
+    result = runner.invoke(
+        _cli(),
+        ["plan", "--profile", "", "--gpu", "RTX 3060", "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 36
-    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "rtx-4090d",
-                                    "--max-pixels", str(2048 * 2048), "--format", "argv"])
+    result = runner.invoke(
+        _cli(), ["plan", "--profile", "", "--gpu", "rtx-4090d", "--max-pixels", str(2048 * 2048), "--format", "argv"]
+    )
     assert result.exit_code == 0
     assert shlex.split(result.stdout)[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
     assert "--max-num-seqs 9" in result.stdout
     result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu", "Voodoo 5"])
     assert result.exit_code == 2 and "unknown GPU" in result.stderr
-    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu-memory", "24", "--gpus", "2",
-                                    "--format", "yaml"])
+    result = runner.invoke(_cli(), ["plan", "--profile", "", "--gpu-memory", "24", "--gpus", "2", "--format", "yaml"])
     assert result.exit_code == 0 and yaml.safe_load(result.stdout)["strategy"] == "replicas"
 
 
@@ -258,24 +269,29 @@ def test_cli_plan_takes_the_profile_budget_only_for_the_profile_model():
     factor (the prod profile's factor 32 would not fit a factor-28 model); the profile's vLLM
     settings still apply."""
     runner = CliRunner()
-    result = runner.invoke(_cli(), ["plan", "--model", "PaddlePaddle/PaddleOCR-VL", "--gpu", "rtx3060", "--p95", "20",
-                                    "--format", "json"])
+    result = runner.invoke(
+        _cli(), ["plan", "--model", "PaddlePaddle/PaddleOCR-VL", "--gpu", "rtx3060", "--p95", "20", "--format", "json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["vllm_args"]["scheduling_policy"] == "priority"
-    result = runner.invoke(_cli(), ["plan", "--model", "allenai/olmOCR-2-7B-1025", "--gpu", "a100-80g", "--format",
-                                    "json"])
+    result = runner.invoke(
+        _cli(), ["plan", "--model", "allenai/olmOCR-2-7B-1025", "--gpu", "a100-80g", "--format", "json"]
+    )
     assert result.exit_code == 0 and json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 97
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--profile", "nosuch"], "nosuch"),
-    (["--max-pixels", "0"], "max-pixels"),
-    (["--max-pixels", "100"], "below min_pixels"),
-    (["--max-tokens", "0"], "max-tokens"),
-    (["--gpus", "0"], "gpus"),
-    (["--gpu-memory", "-5"], "gpu-memory"),
-    (["--gpu-memory-utilization", "0"], "gpu-memory-utilization"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--profile", "nosuch"], "nosuch"),
+        (["--max-pixels", "0"], "max-pixels"),
+        (["--max-pixels", "100"], "below min_pixels"),
+        (["--max-tokens", "0"], "max-tokens"),
+        (["--gpus", "0"], "gpus"),
+        (["--gpu-memory", "-5"], "gpu-memory"),
+        (["--gpu-memory-utilization", "0"], "gpu-memory-utilization"),
+    ],
+)
 def test_cli_plan_refuses_impossible_values(args, message):
     result = CliRunner().invoke(_cli(), ["plan", "--gpu", "RTX 4090D", *args], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and message in result.stderr, result.output
@@ -309,10 +325,14 @@ def test_planned_argv_parses_with_vllms_own_parser():
     with pytest.raises(SystemExit):  # the parser does reject what it does not know
         parser.parse_args(["tencent/HunyuanOCR", "--max-num-seqz", "4"])
     cases = [
-        ("tencent/HunyuanOCR", "RTX 4090D", 1), ("tencent/HunyuanOCR", "RTX 4090D", 2),
-        ("PaddlePaddle/PaddleOCR-VL", "RTX 3060", 1), ("deepseek-ai/DeepSeek-OCR", "T4", 1),
-        ("rednote-hilab/dots.ocr", "L40S", 1), ("allenai/olmOCR-2-7B-1025", "A100 80G", 1),
-        ("allenai/olmOCR-2-7B-1025", "RTX 3060", 2), ("Qwen/Qwen3-VL-8B-Instruct", "H100", 1),
+        ("tencent/HunyuanOCR", "RTX 4090D", 1),
+        ("tencent/HunyuanOCR", "RTX 4090D", 2),
+        ("PaddlePaddle/PaddleOCR-VL", "RTX 3060", 1),
+        ("deepseek-ai/DeepSeek-OCR", "T4", 1),
+        ("rednote-hilab/dots.ocr", "L40S", 1),
+        ("allenai/olmOCR-2-7B-1025", "A100 80G", 1),
+        ("allenai/olmOCR-2-7B-1025", "RTX 3060", 2),
+        ("Qwen/Qwen3-VL-8B-Instruct", "H100", 1),
     ]
     for model, gpu, count in cases:
         plan = plan_serving(get_model(model), lookup(gpu), gpus=count)
@@ -329,3 +349,18 @@ def test_planned_argv_parses_with_vllms_own_parser():
         assert args.enable_prefix_caching is False and args.mm_processor_cache_gb == 0
         if plan.model.supports_pixel_budget:
             assert set(args.mm_processor_kwargs) == {"min_pixels", "max_pixels"}
+
+
+def test_planner_is_math_and_the_cli_renders():
+    # layers: the planner returns data; the renderers live in the CLI; the launcher imports no CLI
+    import ast
+    from pathlib import Path
+
+    from ocrserve.gpu import launcher, planner
+
+    assert not any(hasattr(planner, name) for name in ("render_table", "render_yaml", "render_json", "RENDERERS"))
+    for module in (planner, launcher):
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        imported = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert not [name for name in imported if name.startswith(("ocrserve.cli", "rich"))], module.__name__

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +15,15 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
-    PageFailure, Preprocessor, decode_pages, inspect_document, parse_page_ranges, target_size, visual_tokens,
+    PageFailure,
+    Preprocessor,
+    decode_pages,
+    geometry,
+    inspect_document,
+    parse_page_ranges,
+    target_size,
 )
-from ocrserve.models import smart_resize
+from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from tests import samples
 from tests.conftest import DATA
 
@@ -51,8 +60,28 @@ def test_target_size_caps_longer_side_then_applies_factor():
 
 
 def test_visual_tokens_one_per_factor_block():
-    assert visual_tokens(1984, 1440, 32) == 62 * 45
-    assert visual_tokens(840, 1176, 28) == 30 * 42
+    # (height, width, factor): one token per factor x factor block
+    assert visual_tokens(1440, 1984, 32) == 45 * 62
+    assert visual_tokens(1176, 840, 28) == 42 * 30
+    # HunyuanOCR's parameters: a newline token per row, begin/end per image: 64 * (64 + 1) + 2
+    assert visual_tokens(2048, 2048, 32, row_tokens=1, image_tokens=2) == 4162
+
+
+def test_geometry_is_the_lowest_layer():
+    # ocrserve.models and the planner import the geometry; it imports nothing from ocrserve
+    tree = ast.parse(Path(geometry.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] == "ocrserve"}
+
+
+def test_preprocessor_page_cost_is_the_geometry_formula():
+    image = Image.new("RGB", (2480, 3508), "white")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    [page] = decode_all(buffer.getvalue())
+    h, w = page.image.shape[:2]
+    assert page.visual_tokens == visual_tokens(h, w, CFG.factor) == (h // CFG.factor) * (w // CFG.factor)
 
 
 def test_page_ranges():

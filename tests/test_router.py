@@ -91,7 +91,9 @@ async def test_fast_overtakes_queued_bulk(make_router):
 
 
 async def test_bulk_keeps_its_minimum_share(make_router):
-    router = make_router(fast={"burst_slots": 0})  # weights fast 4 : bulk 1 -> bulk gets 1 of every 5 pages under contention
+    router = make_router(
+        fast={"burst_slots": 0}
+    )  # weights fast 4 : bulk 1 -> bulk gets 1 of every 5 pages under contention
     done: list[str] = []
     tasks = [asyncio.create_task(run_tagged(router, FAST, f"f{i}", blank(i), done)) for i in range(12)]
     tasks += [asyncio.create_task(run_tagged(router, BULK, f"b{i}", blank(i), done)) for i in range(6)]
@@ -213,7 +215,9 @@ async def test_deadline_passed_in_the_engine_aborts_the_page(make_router):
     router = make_router()
     aborted = metrics.ABORTED_PAGES.labels(FAST, "deadline")._value.get()
     async with router.admit(FAST, 1) as reservation:
-        large = Page(index=0, image=np.tile(np.asarray(phototest()), (3, 3, 1)), width=1920, height=1440, visual_tokens=900)
+        large = Page(
+            index=0, image=np.tile(np.asarray(phototest()), (3, 3, 1)), width=1920, height=1440, visual_tokens=900
+        )
         submitted = asyncio.create_task(router.submit(large, reservation, WorkItem(deadline=Deadline.after(0.1))))
         await wait_until(lambda: router.in_flight == 1)  # dispatched before its deadline
         with pytest.raises(DeadlinePassed, match="in the engine"):
@@ -227,8 +231,10 @@ async def test_failing_page_fails_alone(make_router):
     broken = Page(index=1, image=np.zeros((0, 0, 3), np.uint8), width=1, height=1, visual_tokens=0)
     async with router.admit(FAST, 3) as reservation:
         outcomes = await asyncio.gather(
-            router.submit(text_page(0), reservation), router.submit(broken, reservation),
-            router.submit(blank(2), reservation), return_exceptions=True,
+            router.submit(text_page(0), reservation),
+            router.submit(broken, reservation),
+            router.submit(blank(2), reservation),
+            return_exceptions=True,
         )
     assert outcomes[0].text.startswith("This is a lot of 12 point text")
     assert isinstance(outcomes[1], PageError)

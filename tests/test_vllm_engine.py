@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,13 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrserve.bench.harness import REPO, free_port
-from ocrserve.gpu.engine_server import REPLICA_HEADER
-from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
+from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
+from ocrserve.gpu.engine_server import REPLICA_HEADER
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
 from tests import samples
@@ -49,13 +51,27 @@ class Replica:
     def __init__(self):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "ocrserve", "engine", "serve", "--backend", "onnx", "--port", str(self.port),
-                "--served-model-name", MODEL, "--set", "preprocess.workers=1",
-                "--set", f"preprocess.max_page_pixels={REPLICA_MAX_PAGE_PIXELS}"]
+        args = [
+            sys.executable,
+            "-m",
+            "ocrserve",
+            "engine",
+            "serve",
+            "--backend",
+            "onnx",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            MODEL,
+            "--set",
+            "preprocess.workers=1",
+            "--set",
+            f"preprocess.max_page_pixels={REPLICA_MAX_PAGE_PIXELS}",
+        ]
         quiet = None if os.environ.get("OCRSERVE_TEST_LOGS") else subprocess.DEVNULL
         self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=quiet, stderr=quiet)
 
-    def wait_healthy(self, timeout: float = 120.0) -> "Replica":
+    def wait_healthy(self, timeout: float = 120.0) -> Replica:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"replica exited with {self.proc.returncode}"
@@ -88,8 +104,12 @@ def gateway(replicas):
     """The prod profile's gateway on the two replicas; the replicas' health is polled once at start
     and then not for an hour, so a replica that dies is found out by the request that hits it."""
     urls = ",".join(r.url for r in replicas)
-    gw = Gateway(f"engine.vllm.base_urls=[{urls}]", "engine.vllm.slots_per_replica=2",
-                 "engine.vllm.poll_interval_s=3600", profile="prod").wait_ready()
+    gw = Gateway(
+        f"engine.vllm.base_urls=[{urls}]",
+        "engine.vllm.slots_per_replica=2",
+        "engine.vllm.poll_interval_s=3600",
+        profile="prod",
+    ).wait_ready()
     yield gw
     gw.stop()
 
@@ -134,7 +154,10 @@ def test_pages_come_back_right_and_spread_across_both_replicas(http, replicas):
     assert sum(served.values()) == 5 and all(n >= 1 for n in served.values()), served
     for replica in replicas:  # each replica counted what it served, under vLLM's metric name
         assert read_vllm_metrics(httpx.get(replica.url + "/metrics").text) == {
-            "waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
+            "waiting": 0.0,
+            "running": 0.0,
+            "kv_cache_usage": 0.0,
+        }
         assert "vllm:request_success_total" in httpx.get(replica.url + "/metrics").text
 
 
@@ -176,10 +199,73 @@ def test_engine_server_speaks_the_openai_protocol(replicas):
     no_image = {**body, "messages": [{"role": "user", "content": "hello"}]}
     refused = httpx.post(replica.url + "/v1/chat/completions", json=no_image)
     assert refused.status_code == 400 and "image_url" in refused.json()["error"]["message"]
-    broken = {**body, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}}]}]}
+    broken = {
+        **body,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()},
+                    }
+                ],
+            }
+        ],
+    }
     assert httpx.post(replica.url + "/v1/chat/completions", json=broken).status_code == 400
     assert httpx.get(replica.url + "/v1/models").json()["data"][0]["id"] == MODEL
+
+
+def replica_load(replicas: list[Replica]) -> tuple[float, float, float]:
+    """Summed over the replicas: requests running, finished with ``stop``, finished with ``abort``."""
+    running = stopped = aborted = 0.0
+    for replica in replicas:
+        for family in text_string_to_metric_families(httpx.get(replica.url + "/metrics").text):
+            for sample in family.samples:
+                if sample.name == "vllm:num_requests_running":
+                    running += sample.value
+                elif sample.name == "vllm:request_success_total":
+                    reason = sample.labels["finished_reason"]
+                    stopped += sample.value if reason == "stop" else 0
+                    aborted += sample.value if reason == "abort" else 0
+    return running, stopped, aborted
+
+
+def wait_for(predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+    return value
+
+
+def test_a_client_gone_mid_page_aborts_it_in_the_engine(gateway, http, replicas):
+    """A synchronous client disconnects while its page runs in a replica: the gateway cancels the
+    page, the request's connection to the replica closes, and the replica aborts it (vLLM's
+    ``finished_reason="abort"``), freeing its slot before the page was read."""
+    _, stopped, aborted = replica_load(replicas)
+    image = np.tile(np.asarray(samples.phototest()), (3, 2, 1))  # 1280 x 1440: seconds of ONNX work
+    request = httpx.Request(
+        "POST", gateway.url + "/v1/ocr", files={"file": ("big.png", samples.encode(Image.fromarray(image), "PNG"))}
+    )
+    head = (
+        "POST /v1/ocr HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host")
+        + "\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", gateway.port)) as client:
+        client.sendall(head.encode() + request.read())
+        wait_for(lambda: replica_load(replicas)[0] == 1)  # the page runs in a replica
+    wait_for(lambda: replica_load(replicas)[0] == 0)
+    assert replica_load(replicas)[1:] == (stopped, aborted + 1)  # aborted there, not finished
+    gone = [
+        s
+        for f in text_string_to_metric_families(http.get("/metrics").text)
+        for s in f.samples
+        if s.name == "ocrserve_engine_aborted_pages_total" and s.labels["reason"] == "cancelled"
+    ]
+    assert sum(s.value for s in gone) >= 1
 
 
 def test_a_dead_replica_is_retried_on_the_other(http, replicas):
@@ -199,8 +285,9 @@ def test_a_dead_replica_is_retried_on_the_other(http, replicas):
 
 
 def _page(width: int = 1000, height: int = 800) -> Page:
-    return Page(index=0, image=np.zeros((height // 2, width // 2, 3), np.uint8), width=width, height=height,
-                visual_tokens=0)
+    return Page(
+        index=0, image=np.zeros((height // 2, width // 2, 3), np.uint8), width=width, height=height, visual_tokens=0
+    )
 
 
 def test_hunyuan_request_follows_the_model_card():
@@ -209,8 +296,12 @@ def test_hunyuan_request_follows_the_model_card():
     assert system == {"role": "system", "content": ""}
     assert [part["type"] for part in user["content"]] == ["image_url", "text"]
     assert user["content"][1]["text"] == "提取图中的文字。"
-    assert (body["temperature"], body["top_k"], body["repetition_penalty"], body["max_tokens"]) == (0.0, -1, 1.08,
-                                                                                                    16384)
+    assert (body["temperature"], body["top_k"], body["repetition_penalty"], body["max_tokens"]) == (
+        0.0,
+        -1,
+        1.08,
+        16384,
+    )
     assert body["priority"] == 3
     assert "priority" not in completion_request(get_model(MODEL), "text", "x", model=MODEL, priority=None)
     olmocr = completion_request(get_model("allenai/olmOCR-2-7B-1025"), "text", "x", model="m", priority=None)
@@ -239,8 +330,10 @@ def test_hunyuan_degenerate_tail_is_cut_to_one_copy():
 
 
 def test_deepseek_grounding_gives_boxes_in_client_pixels():
-    reply = ("<|ref|>title<|/ref|><|det|>[[0, 0, 999, 99]]<|/det|>\n# Report\n\n"
-             "<|ref|>text<|/ref|><|det|>[[99, 499, 499, 999]]<|/det|>\nFirst line\nSecond line")
+    reply = (
+        "<|ref|>title<|/ref|><|det|>[[0, 0, 999, 99]]<|/det|>\n# Report\n\n"
+        "<|ref|>text<|/ref|><|det|>[[99, 499, 499, 999]]<|/det|>\nFirst line\nSecond line"
+    )
     text, lines = read_reply(get_model("deepseek-ai/DeepSeek-OCR"), reply, _page(999, 1998))
     assert text == "# Report\n\nFirst line\nSecond line"
     assert [line.text for line in lines] == ["# Report", "First line", "Second line"]
@@ -249,8 +342,10 @@ def test_deepseek_grounding_gives_boxes_in_client_pixels():
 
 
 def test_dots_layout_json_gives_boxes_scaled_from_the_model_image():
-    reply = '[{"bbox": [10, 20, 110, 40], "category": "Title", "text": "Heading"}, ' \
-            '{"bbox": [10, 50, 300, 90], "category": "Picture"}]'
+    reply = (
+        '[{"bbox": [10, 20, 110, 40], "category": "Title", "text": "Heading"}, '
+        '{"bbox": [10, 50, 300, 90], "category": "Picture"}]'
+    )
     text, lines = read_reply(get_model("rednote-hilab/dots.ocr"), reply, _page())  # model saw 500 x 400
     assert text == "Heading"
     assert lines[0].box == [[20, 40], [220, 40], [220, 80], [20, 80]]
@@ -260,10 +355,10 @@ def test_dots_layout_json_gives_boxes_scaled_from_the_model_image():
 
 def test_vllm_metrics_and_base_urls():
     exposition = (
-        '# TYPE vllm:num_requests_waiting gauge\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
         'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
         'vllm:num_requests_waiting{engine="1",model_name="m"} 2.0\n'
-        '# TYPE vllm:kv_cache_usage_perc gauge\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
         'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75\n'
     )

@@ -8,28 +8,25 @@ gateway sharing the store, and reconnect with ``Last-Event-ID`` to any of them.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ocrserve.api.auth import require_api_key
+from ocrserve.api.params import AnyCaseFormat, IdempotencyKey, JobParams, job_params, prefers_async, render
 from ocrserve.api.problems import PROBLEM_JSON
-from ocrserve.api.routes import RAW_TYPES, parse_format, parse_timeout, render
 from ocrserve.api.schemas import Problem as ProblemSchema
-from ocrserve.errors import BadRequest, NotFound, Problem, UnsupportedMedia
+from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, form_limits, job_uploads
+from ocrserve.errors import NotFound, Problem
 from ocrserve.jobs.intake import Upload
-from ocrserve.store.records import CANCELLED, Job
 from ocrserve.jobs.results import job_result, job_status
 from ocrserve.jobs.runtime import Jobs
+from ocrserve.store.records import Job, JobStatus
 
-api = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
-#: Form fields besides the files that a job submission may carry.
-MAX_FIELDS = 16
+api = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"], route_class=UploadRoute)
 #: Seconds between keep-alive comments on an idle event stream.
 SSE_PING_S = 15
 
@@ -44,21 +41,13 @@ class JobConflict(Problem):
 
 _problems = {
     code: {"model": ProblemSchema, "content": {PROBLEM_JSON: {}}, "description": what}
-    for code, what in {400: "bad parameter or refused webhook_url", 404: "unknown job",
-                       409: "Idempotency-Key reused with another request, or the job's state",
-                       413: "too many bytes, pixels or pages", 415: "unsupported or undecodable file"}.items()
-}
-_submit_body = {
-    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["file"],
-        "properties": {
-            "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
-            "pages": {"type": "string", "example": "1-3,5", "description": "pages of every document"},
-            "priority": {"type": "integer", "minimum": 0, "description": "higher runs first"},
-            "webhook_url": {"type": "string", "format": "uri"},
-        },
-    }}}},
-    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"}}],
+    for code, what in {
+        400: "bad parameter or refused webhook_url",
+        404: "unknown job",
+        409: "Idempotency-Key reused with another request, or the job's state",
+        413: "too many bytes, pixels or pages",
+        415: "unsupported or undecodable file",
+    }.items()
 }
 
 
@@ -67,54 +56,27 @@ def jobs_of(request: Request) -> Jobs:
     return request.app.state.jobs
 
 
-async def read_documents(request: Request, max_files: int) -> tuple[list[Upload], dict[str, str]]:
-    """The uploads (multipart ``file`` fields, or one raw image/PDF body) and the other parameters
-    (form fields, then query parameters).
-
-    Raises:
-        BadRequest: more than ``max_files`` files (or too many other fields).
-        UnsupportedMedia: a body that is neither multipart nor an image/PDF media type.
-    """
-    params = dict(request.query_params)
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
-        try:
-            form = await request.form(max_files=max_files, max_fields=MAX_FIELDS)
-        except StarletteHTTPException as exc:  # too many parts
-            raise BadRequest(f"{exc.detail} (jobs.max_files={max_files} documents and {MAX_FIELDS} other fields "
-                             "per job)") from None
-        params.update({k: v for k, v in form.items() if isinstance(v, str)})
-        files = [f for f in form.getlist("file") if isinstance(f, UploadFile)]
-        return [Upload(f.filename or f"document-{n}", f.file) for n, f in enumerate(files)], params
-    if content_type and not content_type.startswith(RAW_TYPES):
-        raise UnsupportedMedia(
-            f"Content-Type {content_type!r}: send multipart/form-data with 'file' fields, or an image/* or "
-            "application/pdf body")
-    body = await request.body()
-    return ([Upload(params.get("filename") or "document", io.BytesIO(body))] if body else []), params
-
-
-async def accept_job(request: Request, *, sync_params: bool = False) -> JSONResponse:
-    """Create a job from the request; 202 with ``Location`` and the job's status.
+async def accept_job(
+    request: Request, uploads: list[Upload], params: JobParams, idempotency_key: str | None, *, respond_async: bool
+) -> JSONResponse:
+    """Create a job of ``uploads``; 202 with ``Location`` and the job's status. The uploads are
+    closed once the intake has staged them.
 
     An ``Idempotency-Key`` seen before with the same request answers with the earlier job
     (``Idempotent-Replayed: true``). ``X-Cache: hit`` when every page came from the dedup cache.
-    With ``sync_params`` (``POST /v1/ocr`` with ``Prefer: respond-async``) the synchronous
-    endpoint's ``timeout`` and ``format`` are checked as that endpoint checks them (400), though a
-    job neither waits nor renders: a request is refused for the same mistakes either way.
+    ``Preference-Applied: respond-async`` when the request's ``Prefer`` asked for it.
     """
-    jobs = jobs_of(request)
-    uploads, params = await read_documents(request, jobs.config.jobs.max_files)
-    if sync_params:
-        parse_timeout(params.get("timeout"))
-        parse_format(params.get("format"))
-    submission = await jobs.intake.submit(uploads, params, request.headers.get("idempotency-key", ""))
+    try:
+        submission = await jobs_of(request).intake.submit(uploads, params.terms(), idempotency_key or "")
+    finally:
+        for upload in uploads:
+            upload.file.close()
     headers = {"Location": f"/v1/jobs/{submission.job.id}", "X-Cache": "hit" if submission.cached else "miss"}
     if not submission.created:
         headers["Idempotent-Replayed"] = "true"
-    if "respond-async" in request.headers.get("prefer", ""):
+    if respond_async:
         headers["Preference-Applied"] = "respond-async"
-    return JSONResponse(await job_status(jobs.store, submission.job), status_code=202, headers=headers)
+    return JSONResponse(await job_status(jobs_of(request).store, submission.job), status_code=202, headers=headers)
 
 
 async def find_job(request: Request, job_id: str) -> Job:
@@ -125,18 +87,34 @@ async def find_job(request: Request, job_id: str) -> Job:
     return job
 
 
-@api.post("/v1/jobs", status_code=202, summary="Submit documents as a durable job",
-          responses={202: {"description": "accepted; Location names the job"}, **_problems},
-          openapi_extra=_submit_body)
-async def submit_job(request: Request) -> JSONResponse:
-    """Accept one or more documents (``file``, repeated) as one job and answer at once (202).
+@api.post(
+    "/v1/jobs",
+    status_code=202,
+    summary="Submit documents as a durable job",
+    responses={202: {"description": "accepted; Location names the job"}, **_problems},
+    openapi_extra=RAW_BODY_OPENAPI,
+)
+@form_limits(lambda config: (config.jobs.max_files, f"jobs.max_files={config.jobs.max_files} documents per job"))
+async def submit_job(
+    request: Request,
+    params: Annotated[JobParams, Depends(job_params)],
+    file: Annotated[list[UploadFile] | None, File(description="a document; repeat the field for more")] = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Accept one or more documents (``file``, repeated; at most ``jobs.max_files``) as one job and
+    answer at once (202). One document may instead be the raw body with its media type (image/*,
+    application/pdf, application/octet-stream; name it with the query parameter ``filename``).
 
-    Optional ``pages`` (applied to every document), ``priority`` (0 to ``jobs.max_priority``; higher
-    runs first) and ``webhook_url`` (called when the job ends; its host must be on
-    ``jobs.webhook_allow_hosts``); header ``Idempotency-Key``. Every document is inspected first:
-    an unsupported, undecodable or too-large one refuses the whole job (415/413).
+    Optional, as form fields or query parameters: ``pages`` (applied to every document),
+    ``timeout`` (seconds after the 202 by which its pages must be done), ``priority``
+    (0 to ``jobs.max_priority``; higher runs first) and ``webhook_url`` (called when the job ends;
+    its host must be on ``jobs.webhook_allow_hosts``); header ``Idempotency-Key``. Every document is
+    inspected first: an unsupported, undecodable or too-large one refuses the whole job (415/413).
     """
-    return await accept_job(request)
+    uploads = await job_uploads(request, file, params.filename)
+    return await accept_job(
+        request, uploads, params, idempotency_key, respond_async=prefers_async(request.headers.get("prefer"))
+    )
 
 
 @api.get("/v1/jobs/{job_id}", summary="A job's status", responses={404: _problems[404]})
@@ -147,25 +125,35 @@ async def get_job(request: Request, job_id: str) -> dict:
     return await job_status(jobs_of(request).store, job)
 
 
-@api.get("/v1/jobs/{job_id}/result", summary="A finished job's result",
-         responses={404: _problems[404], 409: _problems[409]})
-async def get_result(request: Request, job_id: str, format: str = "json") -> Response:
+@api.get(
+    "/v1/jobs/{job_id}/result", summary="A finished job's result", responses={404: _problems[404], 409: _problems[409]}
+)
+async def get_result(
+    request: Request,
+    job_id: str,
+    format: Annotated[AnyCaseFormat, Query(description="json (default), text or markdown")] = "json",
+) -> Response:
     """The result in ``format`` (json, text, markdown): the synchronous result's shape with lane
     ``bulk``, every page of every document in order (each with its ``document`` number) and a
     ``documents`` list. 409 while the job runs."""
-    fmt = parse_format(format)
     jobs = jobs_of(request)
     job = await find_job(request, job_id)
     if not job.terminal:
-        raise JobConflict(f"job {job_id} is {job.status} ({job.pages_done} of {job.pages_total} pages done)",
-                          slug="job-not-finished", headers={"Retry-After": "1"})
-    response = render(await job_result(jobs.store, jobs.data, job), fmt)
+        raise JobConflict(
+            f"job {job_id} is {job.status} ({job.pages_done} of {job.pages_total} pages done)",
+            slug="job-not-finished",
+            headers={"Retry-After": "1"},
+        )
+    response = render(await job_result(jobs.store, jobs.data, job), format)
     response.headers["X-Cache"] = "hit" if all(d.cached for d in job.documents) else "miss"
     return response
 
 
-@api.get("/v1/jobs/{job_id}/events", summary="A job's progress as Server-Sent Events",
-         responses={200: {"content": {"text/event-stream": {}}}, 404: _problems[404]})
+@api.get(
+    "/v1/jobs/{job_id}/events",
+    summary="A job's progress as Server-Sent Events",
+    responses={200: {"content": {"text/event-stream": {}}}, 404: _problems[404]},
+)
 async def job_events(request: Request, job_id: str) -> EventSourceResponse:
     """One ``page`` event per finished page (``id`` counts from 1; data: page, document, index,
     state, error, pages_done, pages_total), in the order they finished, then one ``done`` event
@@ -198,7 +186,7 @@ async def cancel_job(request: Request, job_id: str) -> dict:
     result. Cancelling a cancelled job is a no-op; one that ended otherwise is 409."""
     jobs = jobs_of(request)
     job = await find_job(request, job_id)
-    if job.terminal and job.status != CANCELLED:
+    if job.terminal and job.status != JobStatus.CANCELLED:
         raise JobConflict(f"job {job_id} already ended ({job.status})", slug="job-finished")
     if not job.terminal:
         job = await jobs.cancel(job_id)

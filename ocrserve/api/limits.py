@@ -25,9 +25,7 @@ class BodyLimitMiddleware:
 
     def _problem(self) -> PayloadTooLarge:
         mib = self.max_bytes / (1 << 20)
-        return PayloadTooLarge(
-            f"the request body exceeds server.max_upload_mb={mib:g} MiB", slug="too-many-bytes"
-        )
+        return PayloadTooLarge(f"the request body exceeds server.max_upload_mb={mib:g} MiB", slug="too-many-bytes")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -62,9 +60,15 @@ class BodyLimitMiddleware:
         count_too_large()
         problem = self._problem()
         body = json.dumps(problem.to_dict()).encode()
-        await send({
-            "type": "http.response.start", "status": 413,
-            "headers": [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close")],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/problem+json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

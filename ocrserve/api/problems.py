@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
-from ocrserve.errors import PROBLEM_BASE, ClientGone, Problem
+from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -43,9 +43,26 @@ async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONRespons
     return _generic(exc.status_code, title, str(exc.detail), title.lower().replace(" ", "-"), exc.headers)
 
 
+#: Where FastAPI found a parameter (the first element of an error's ``loc``), as the client sent it.
+_SENT_AS = {"body": "form field", "query": "query parameter", "header": "header", "path": "path", "cookie": "cookie"}
+
+
+def describe_invalid(errors: list[dict]) -> str:
+    """``timeout='abc' (form field): Input should be a valid number...; ...`` for FastAPI's
+    validation errors of request parameters."""
+    described = []
+    for error in errors:
+        where, *name = error.get("loc") or ("body",)
+        field = ".".join(map(str, name)) or where
+        given = f"={error['input']!r}" if isinstance(error.get("input"), (str, int, float)) else ""
+        described.append(f"{field}{given} ({_SENT_AS.get(where, where)}): {error['msg']}")
+    return "; ".join(described)
+
+
 async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-    detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-    return _generic(422, "Validation failed", detail, "validation")
+    """A malformed parameter (a ``timeout`` that is no number, an unknown ``format``, ...) is a 400
+    problem naming it, as a parameter the handlers check themselves is (``BadRequest``)."""
+    return problem_response(BadRequest(describe_invalid(exc.errors())))
 
 
 async def _on_disconnect(request: Request, exc: ClientDisconnect) -> JSONResponse:

@@ -17,7 +17,9 @@ class PageOut(BaseModel):
     """One page; ``error`` (a problem object) only when this page failed."""
 
     index: int = Field(description="0-based page number")
-    width: int = Field(description="page width in the client's pixels (after EXIF orientation; PDFs at preprocess.pdf_dpi)")
+    width: int = Field(
+        description="page width in the client's pixels (after EXIF orientation; PDFs at preprocess.pdf_dpi)"
+    )
     height: int
     text: str
     lines: list[LineOut]

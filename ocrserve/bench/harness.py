@@ -48,10 +48,11 @@ class LocalGateway:
         args = [sys.executable, "-m", "ocrserve", "launch", "--profile", profile, "--port", str(self.port)]
         for item in overrides:
             args += ["--set", item]
-        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=log, stderr=log,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            args, cwd=REPO, start_new_session=True, stdout=log, stderr=log, env={**os.environ, **(env or {})}
+        )
 
-    def wait_ready(self, timeout: float = 180.0) -> "LocalGateway":
+    def wait_ready(self, timeout: float = 180.0) -> LocalGateway:
         """Block until ``/readyz`` answers 200.
 
         Raises:
@@ -79,7 +80,7 @@ class LocalGateway:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def __enter__(self) -> "LocalGateway":
+    def __enter__(self) -> LocalGateway:
         return self.wait_ready()
 
     def __exit__(self, *exc) -> None:

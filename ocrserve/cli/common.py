@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
 from ocrserve.config import Config, ConfigError, load_config
 
 err_console = Console(stderr=True)
+
+#: The repeatable ``--set key=value`` option of the commands that load a profile.
+Overrides = Annotated[
+    list[str] | None, typer.Option("--set", help="Override any key: --set engine.onnx.det_workers=2 (repeatable)")
+]
 
 
 def load_or_exit(profile: str, overrides: list[str]) -> Config:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from ocrserve.cli.common import load_or_exit
+from ocrserve.cli.common import Overrides, load_or_exit
 from ocrserve.gpu.engine_server import serve as run_server
 
 app = typer.Typer(help="Run an OCR engine as a server of its own.", no_args_is_help=True)
@@ -25,9 +25,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (8001: where the prod profile looks for vLLM).")] = 8001,
     profile: Annotated[str, typer.Option(help="Profile for the engine and preprocess sections.")] = "local",
-    served_model_name: Annotated[Optional[str], typer.Option(
-        help="Model id clients must send (vLLM's --served-model-name); default engine.model.")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="Override any key: --set engine.onnx.det_workers=2")] = [],
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model id clients must send (vLLM's --served-model-name); default engine.model.")
+    ] = None,
+    set_: Overrides = None,
 ) -> None:
     """Serve an engine behind vLLM's OpenAI chat-completions API: an image in, its text out.
 
@@ -43,5 +44,5 @@ def serve(
 
         ocrserve engine serve --backend onnx --served-model-name tencent/HunyuanOCR   # stand in for vLLM
     """
-    config = load_or_exit(profile, [*set_, f"engine.kind={backend.value}"])
+    config = load_or_exit(profile, [*(set_ or []), f"engine.kind={backend.value}"])
     run_server(config, host=host, port=port, served_model_name=served_model_name)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from ocrserve.cli.common import err_console, load_or_exit
+from ocrserve.cli.common import Overrides, err_console, load_or_exit
+from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config
-from ocrserve.gpu.registry import GpuError
 from ocrserve.gpu.launcher import (
     AddressTaken,
     VllmStartError,
@@ -22,18 +22,19 @@ from ocrserve.gpu.launcher import (
     run_with_vllm,
     vllm_command,
 )
+from ocrserve.gpu.planner import PlanError
+from ocrserve.gpu.registry import GpuError
 from ocrserve.models import ModelError
-from ocrserve.gpu.planner import PlanError, render_table
 
 
 def launch(
-    profile: Annotated[str, typer.Option(help="Profile name in configs/ (local, prod, gpu-24g, ...) or a YAML path.")]
-    = "local",
-    host: Annotated[Optional[str], typer.Option(help="Bind address (server.host).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port (server.port).")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="Override any key: --set engine.onnx.det_workers=2")] = [],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and command lines, then exit 0.")]
-    = False,
+    profile: Annotated[
+        str, typer.Option(help="Shipped profile (local, prod, gpu-24g, ...; see `ocrserve profiles`) or a YAML path.")
+    ] = "local",
+    host: Annotated[str | None, typer.Option(help="Bind address (server.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (server.port).")] = None,
+    set_: Overrides = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and command lines, then exit 0.")] = False,
 ) -> None:
     """Start the OCR gateway for a profile; for prod, plan and start vLLM first.
 
@@ -56,14 +57,17 @@ def launch(
 
         ocrserve launch --profile prod --set engine.vllm.base_urls=\\[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
-    overrides = list(set_)
+    overrides = list(set_ or [])
     if host is not None:
         overrides.append(f"server.host={host}")
     if port is not None:
         overrides.append(f"server.port={port}")
     config = load_or_exit(profile, overrides)
-    Console().print(f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
-                    f"({config.engine.model}) on http://{config.server.host}:{config.server.port}", soft_wrap=True)
+    Console().print(
+        f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
+        f"({config.engine.model}) on http://{config.server.host}:{config.server.port}",
+        soft_wrap=True,
+    )
     if manages_vllm(config):
         _launch_with_vllm(config, dry_run)
         return

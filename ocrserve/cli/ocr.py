@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import httpx
 import typer
@@ -30,7 +30,7 @@ class JobFailed(Exception):
     """A job ended without a result to write (failed or cancelled)."""
 
 
-def _output_path(doc: Path, name: Path, out: Optional[Path], fmt: str) -> Path:
+def _output_path(doc: Path, name: Path, out: Path | None, fmt: str) -> Path:
     """Where a document's result goes: ``out/<name>.<suffix>``, else next to the document."""
     if out is None:
         return doc.with_name(doc.name + SUFFIX[fmt])
@@ -46,8 +46,15 @@ def _serialize(result: dict | str) -> str:
     return json.dumps(result, ensure_ascii=False, indent=2) if isinstance(result, dict) else result
 
 
-async def _run(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
-               api_key: Optional[str], pages: Optional[str]) -> dict[Path, str | Exception]:
+async def _run(
+    docs: dict[Path, Path],
+    url: str,
+    fmt: str,
+    out: Path | None,
+    concurrency: int,
+    api_key: str | None,
+    pages: str | None,
+) -> dict[Path, str | Exception]:
     outcomes: dict[Path, str | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
     with _progress() as progress:
@@ -70,13 +77,26 @@ async def _run(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Path], 
 
 
 def _progress() -> Progress:
-    columns = (TextColumn("[bold]OCR"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
+    columns = (
+        TextColumn("[bold]OCR"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
     return Progress(*columns, console=err_console)
 
 
-async def _run_jobs(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Path], concurrency: int,
-                    api_key: Optional[str], pages: Optional[str], priority: Optional[int]) -> dict[Path, str | Exception]:
+async def _run_jobs(
+    docs: dict[Path, Path],
+    url: str,
+    fmt: str,
+    out: Path | None,
+    concurrency: int,
+    api_key: str | None,
+    pages: str | None,
+    priority: int | None,
+) -> dict[Path, str | Exception]:
     """Submit every document as a job, then follow each and write its result; returns what happened
     to each (``"written"``, ``"skipped"``, or the exception)."""
     outcomes: dict[Path, str | Exception] = {}
@@ -114,7 +134,7 @@ async def _run_jobs(docs: dict[Path, Path], url: str, fmt: str, out: Optional[Pa
 
             job_ids = await asyncio.gather(*(submit(d) for d in todo))
             progress.update(bar, description="")
-            await asyncio.gather(*(follow(d, j) for d, j in zip(todo, job_ids) if j))
+            await asyncio.gather(*(follow(d, j) for d, j in zip(todo, job_ids, strict=True) if j))
     return outcomes
 
 
@@ -138,17 +158,26 @@ def ocr(
     paths: Annotated[list[Path], typer.Argument(help="Files or directories (searched recursively).")],
     url: Annotated[str, typer.Option(envvar="OCRSERVE_URL", help="Gateway base URL.")] = "http://127.0.0.1:8000",
     format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown.")] = "text",
-    out: Annotated[Optional[Path], typer.Option(
-        help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are kept).",
-    )] = None,
-    pages: Annotated[Optional[str], typer.Option(help="Page ranges, e.g. 1-3,5.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are kept).",
+        ),
+    ] = None,
+    pages: Annotated[str | None, typer.Option(help="Page ranges, e.g. 1-3,5.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Documents in flight at once.")] = 4,
-    api_key: Annotated[Optional[str], typer.Option(envvar="OCRSERVE_API_KEY", help="API key, if the server wants one.")] = None,
-    async_: Annotated[bool, typer.Option(
-        "--async", help="Submit durable jobs, follow their progress, write each result next to its input (or in "
-                        "--out); run again to resume: finished files are skipped, submitted ones not resubmitted.",
-    )] = False,
-    priority: Annotated[Optional[int], typer.Option(min=0, help="With --async: job priority (higher runs first).")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OCRSERVE_API_KEY", help="API key, if the server wants one.")
+    ] = None,
+    async_: Annotated[
+        bool,
+        typer.Option(
+            "--async",
+            help="Submit durable jobs, follow their progress, write each result next to its input (or in "
+            "--out); run again to resume: finished files are skipped, submitted ones not resubmitted.",
+        ),
+    ] = False,
+    priority: Annotated[int | None, typer.Option(min=0, help="With --async: job priority (higher runs first).")] = None,
 ) -> None:
     """OCR files through a running gateway (start one with `ocrserve launch`).
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from ocrserve.cli.plan_render import RENDERERS
 from ocrserve.config import ConfigError, load_config
+from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import GpuError, resolve_gpu
-from ocrserve.models import DEFAULT_MODEL, REGISTRY, ModelError, get_model
-from ocrserve.gpu.planner import RENDERERS, PlanError, plan_serving
+from ocrserve.models import DEFAULT_MODEL, ModelError, get_model, list_models
 
 err_console = Console(stderr=True)
 
@@ -48,35 +49,52 @@ def _profile_settings(profile: str, model: str | None) -> dict:
     except ConfigError as exc:
         raise _fail(f"{exc} (plan without a profile: --profile '')") from None
     if config.engine.kind != "vllm":
-        err_console.print(f"note: profile {profile!r} runs the {config.engine.kind} engine; planning from the "
-                          "flags alone", style="dim", highlight=False)
+        err_console.print(
+            f"note: profile {profile!r} runs the {config.engine.kind} engine; planning from the flags alone",
+            style="dim",
+            highlight=False,
+        )
         return {}
     settings: dict = {"model": config.engine.model, "vllm": config.vllm.model_dump()}
     if model is None or model == config.engine.model:
-        settings.update(min_pixels=config.preprocess.min_pixels, max_pixels=config.preprocess.max_pixels,
-                        factor=config.preprocess.factor)
+        settings.update(
+            min_pixels=config.preprocess.min_pixels,
+            max_pixels=config.preprocess.max_pixels,
+            factor=config.preprocess.factor,
+        )
     return settings
 
 
 def plan(
-    profile: Annotated[str, typer.Option(help="Profile supplying model, pixel budget and vllm settings "
-                                              "(flags win); '' for none.")] = "prod",
-    model: Annotated[Optional[str], typer.Option(help="Registry id or a local folder with config.json.")] = None,
+    profile: Annotated[
+        str, typer.Option(help="Profile supplying model, pixel budget and vllm settings (flags win); '' for none.")
+    ] = "prod",
+    model: Annotated[str | None, typer.Option(help="Registry id or a local folder with config.json.")] = None,
     gpu: Annotated[str, typer.Option(help="GPU name (e.g. 'RTX 4090D', a100-80g) or 'auto' to detect.")] = "auto",
-    gpu_memory: Annotated[Optional[float], typer.Option(min=1, help="Memory per GPU, GiB (overrides the registry).")]
-    = None,
-    gpus: Annotated[Optional[int], typer.Option(min=1, help="Number of GPUs (default: 1, or all detected with auto).")]
-    = None,
-    p95: Annotated[Optional[float], typer.Option(
-        min=0.001, help="p95 page-latency target, s: caps --max-num-seqs (decode speed estimated from the GPU's "
-                        "memory bandwidth).")] = None,
-    max_pixels: Annotated[Optional[int], typer.Option(min=1, help="Pixel budget per page (overrides the profile).")]
-    = None,
-    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Output-token budget per page.")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
-        min=0.01, max=1.0, help="Fraction of GPU memory vLLM may use (default 0.90).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")]
-    = Format.table,
+    gpu_memory: Annotated[
+        float | None, typer.Option(min=1, help="Memory per GPU, GiB (overrides the registry).")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option(min=1, help="Number of GPUs (default: 1, or all detected with auto).")
+    ] = None,
+    p95: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="p95 page-latency target, s: caps --max-num-seqs (decode speed estimated from the GPU's "
+            "memory bandwidth).",
+        ),
+    ] = None,
+    max_pixels: Annotated[
+        int | None, typer.Option(min=1, help="Pixel budget per page (overrides the profile).")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Output-token budget per page.")] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(min=0.01, max=1.0, help="Fraction of GPU memory vLLM may use (default 0.90).")
+    ] = None,
+    fmt: Annotated[
+        Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")
+    ] = Format.table,
 ) -> None:
     """Plan `vllm serve` flags for an OCR model on a GPU, showing how each number is derived.
 
@@ -103,7 +121,8 @@ def plan(
         gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
         util = gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90
         result = plan_serving(
-            spec, gpu_spec,
+            spec,
+            gpu_spec,
             gpus=gpus or detected,
             gpu_memory_utilization=util,
             min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
@@ -135,15 +154,26 @@ def models() -> None:
 
         ocrserve models
     """
-    table = Table(Column("model", overflow="fold"), "params", "layers x kv heads x head dim", "KV/token", "factor",
-                  "pixels", "max tokens", "vLLM >=")
-    for spec in REGISTRY.values():
-        pixels = (f"{spec.min_pixels:,}..{spec.max_pixels:,}" if spec.supports_pixel_budget
-                  else "tiled (1024 + 6x640)")
+    table = Table(
+        Column("model", overflow="fold"),
+        "params",
+        "layers x kv heads x head dim",
+        "KV/token",
+        "factor",
+        "pixels",
+        "max tokens",
+        "vLLM >=",
+    )
+    for spec in list_models():
+        pixels = f"{spec.min_pixels:,}..{spec.max_pixels:,}" if spec.supports_pixel_budget else "tiled (1024 + 6x640)"
         table.add_row(
-            spec.id, f"{spec.parameters / 1e9:.2f}B",
+            spec.id,
+            f"{spec.parameters / 1e9:.2f}B",
             f"{spec.num_layers} x {spec.num_kv_heads} x {spec.head_dim}",
-            f"{spec.kv_bytes_per_token() // 1024} KiB", str(spec.factor), pixels,
-            str(spec.max_tokens), spec.min_vllm,
+            f"{spec.kv_bytes_per_token() // 1024} KiB",
+            str(spec.factor),
+            pixels,
+            str(spec.max_tokens),
+            spec.min_vllm,
         )
     Console().print(table)

@@ -9,7 +9,9 @@ from ocrserve.config import ConfigError, list_profiles, load_config
 
 
 def profiles() -> None:
-    """List the profiles in configs/ with their engine, model and pixel budget.
+    """List the profiles shipped in the package (ocrserve/profiles/) with their engine, model and pixel budget.
+
+    Any other YAML file works too: ocrserve launch --profile path/to/mine.yaml
 
     Examples:
 
@@ -24,7 +26,10 @@ def profiles() -> None:
             continue
         pre = cfg.preprocess
         table.add_row(
-            name, cfg.engine.kind, cfg.engine.model,
-            f"{pre.min_pixels:,}..{pre.max_pixels:,} px, factor {pre.factor}", cfg.description,
+            name,
+            cfg.engine.kind,
+            cfg.engine.model,
+            f"{pre.min_pixels:,}..{pre.max_pixels:,} px, factor {pre.factor}",
+            cfg.description,
         )
     Console().print(table)

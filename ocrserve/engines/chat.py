@@ -108,10 +108,10 @@ def clean_repeated_substrings(text: str) -> str:
     for length in range(2, n // 10 + 1):
         unit = text[-length:]
         count, i = 0, n - length
-        while i >= 0 and text[i:i + length] == unit:
+        while i >= 0 and text[i : i + length] == unit:
             count, i = count + 1, i - length
         if count >= REPEAT_MIN_COUNT:
-            return text[:n - length * (count - 1)]
+            return text[: n - length * (count - 1)]
     return text
 
 
@@ -152,7 +152,7 @@ def grounded_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
     sx, sy = page.width / DEEPSEEK_BOX_SCALE, page.height / DEEPSEEK_BOX_SCALE
     lines, blocks = [], []
     for marker, following in zip(markers, markers[1:] + [None], strict=True):
-        body = text[marker.end():following.start() if following else len(text)].strip()
+        body = text[marker.end() : following.start() if following else len(text)].strip()
         boxes = [_rect(*map(float, b.groups()), sx, sy) for b in _BOX.finditer(marker.group(2))]
         if body:
             blocks.append(body)

@@ -114,8 +114,14 @@ class OnnxEngine(Engine):
         ``max_wait_ms``)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
-        self._batcher = RecBatcher(self._recognize, self.cfg.max_batch_size, self.cfg.max_wait_ms,
-                                   self.cfg.rec_batch_num, self._gate, self.cfg.background_nice)
+        self._batcher = RecBatcher(
+            self._recognize,
+            self.cfg.max_batch_size,
+            self.cfg.max_wait_ms,
+            self.cfg.rec_batch_num,
+            self._gate,
+            self.cfg.background_nice,
+        )
         self._batcher.start()
         self.ready = True
 
@@ -164,7 +170,7 @@ class OnnxEngine(Engine):
 
     def _recognize(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
         out = self._stages(priority).rec(TextRecInput(img=crops))
-        return list(zip(out.txts, (float(s) for s in out.scores)))
+        return list(zip(out.txts, (float(s) for s in out.scores), strict=True))
 
     async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
         """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`.
@@ -179,12 +185,15 @@ class OnnxEngine(Engine):
         sx, sy = page.scale
         lines = [
             Line(text=text, box=(box * (sx, sy)).round(1).tolist(), score=round(score, 4))
-            for box, (text, score) in zip(detection.boxes, recognized)
+            for box, (text, score) in zip(detection.boxes, recognized, strict=True)
             if text.strip() and score >= self.cfg.text_score
         ]
         return PageResult(
-            index=page.index, width=page.width, height=page.height,
-            text="\n".join(line.text for line in lines), lines=lines,
+            index=page.index,
+            width=page.width,
+            height=page.height,
+            text="\n".join(line.text for line in lines),
+            lines=lines,
             timings={"det_s": round(detection.det_s, 4), "rec_s": round(rec_s, 4)},
         )
 

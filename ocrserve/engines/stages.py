@@ -180,11 +180,11 @@ class _Group:
     def runs(self, size: int) -> list[list[int]]:
         """Crop indices in runs of ``size``, sorted by aspect ratio so each run pads little."""
         order = sorted(range(len(self.crops)), key=lambda i: self.crops[i].shape[1] / max(1, self.crops[i].shape[0]))
-        return [order[i:i + size] for i in range(0, len(order), size)]
+        return [order[i : i + size] for i in range(0, len(order), size)]
 
     def fill(self, indices: list[int], outcomes: list) -> None:
         """Record outcomes (``(text, score)`` or an exception) and answer pages that are complete."""
-        for index, outcome in zip(indices, outcomes):
+        for index, outcome in zip(indices, outcomes, strict=True):
             self.results[index] = outcome
         self.remaining -= len(indices)
         if self.remaining == 0:
@@ -193,7 +193,7 @@ class _Group:
     def _answer(self) -> None:
         offset = 0
         for item in self.items:
-            mine = self.results[offset:offset + len(item.crops)]
+            mine = self.results[offset : offset + len(item.crops)]
             offset += len(item.crops)
             if item.future.done():
                 continue
@@ -222,8 +222,15 @@ class RecBatcher:
     batching).
     """
 
-    def __init__(self, recognize: Recognize, max_batch_size: int, max_wait_ms: float, rec_batch_num: int,
-                 gate: PriorityGate | None = None, background_nice: int = 0):
+    def __init__(
+        self,
+        recognize: Recognize,
+        max_batch_size: int,
+        max_wait_ms: float,
+        rec_batch_num: int,
+        gate: PriorityGate | None = None,
+        background_nice: int = 0,
+    ):
         self._recognize = recognize
         self._gate = gate or PriorityGate()
         self.max_batch_size = max_batch_size

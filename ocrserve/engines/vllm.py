@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import retry_if_exception_type
 
-from ocrserve import metrics
+from ocrserve import backoff, metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.errors import DeadlinePassed
 from ocrserve.engines.chat import completion_request, image_data_uri, read_reply
+from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, get_model
 from ocrserve.pages import Page, PageResult
 from ocrserve.work import Deadline
@@ -122,8 +122,10 @@ class VllmEngine(Engine):
         super().__init__()
         self.cfg = config.engine.vllm
         if not self.cfg.base_urls:
-            raise ValueError("engine.vllm.base_urls is empty: `ocrserve launch` fills it when it starts vLLM; "
-                             "list your vLLM servers there to use running ones")
+            raise ValueError(
+                "engine.vllm.base_urls is empty: `ocrserve launch` fills it when it starts vLLM; "
+                "list your vLLM servers there to use running ones"
+            )
         try:
             self.spec = get_model(config.engine.model)
         except ModelError as exc:
@@ -173,8 +175,10 @@ class VllmEngine(Engine):
         await self._poll_all()
         for replica in self.replicas:
             if replica.models and self.model not in replica.models:
-                raise ValueError(f"{replica.url} serves {', '.join(replica.models)}, not {self.model}; "
-                                 "set engine.model to the model it serves")
+                raise ValueError(
+                    f"{replica.url} serves {', '.join(replica.models)}, not {self.model}; "
+                    "set engine.model to the model it serves"
+                )
         self._poller = asyncio.create_task(self._poll_forever(), name="ocrserve-vllm-poll")
 
     async def close(self) -> None:
@@ -188,8 +192,16 @@ class VllmEngine(Engine):
     def describe(self) -> dict:
         """``GET /v1/models`` entry: the base fields plus each replica's state."""
         return super().describe() | {
-            "replicas": [{"url": r.url, "up": r.up, "outstanding": r.outstanding, "waiting": r.waiting,
-                          "kv_cache_usage": r.kv_cache_usage} for r in self.replicas],
+            "replicas": [
+                {
+                    "url": r.url,
+                    "up": r.up,
+                    "outstanding": r.outstanding,
+                    "waiting": r.waiting,
+                    "kv_cache_usage": r.kv_cache_usage,
+                }
+                for r in self.replicas
+            ],
         }
 
     async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
@@ -211,29 +223,32 @@ class VllmEngine(Engine):
             raise
         text, lines = read_reply(self.spec, reply, page)
         return PageResult(
-            index=page.index, width=page.width, height=page.height, text=text, lines=lines,
+            index=page.index,
+            width=page.width,
+            height=page.height,
+            text=text,
+            lines=lines,
             timings={"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)},
         )
 
     def _request_body(self, page: Page, priority: int) -> dict:
         uri = image_data_uri(page.image, self.cfg.image_format, self.cfg.jpeg_quality)
-        return completion_request(self.spec, self.cfg.task, uri, model=self.model,
-                                  priority=priority if self.send_priority else None)
+        return completion_request(
+            self.spec, self.cfg.task, uri, model=self.model, priority=priority if self.send_priority else None
+        )
 
     async def _complete(self, body: dict, timeout: float) -> str:
-        attempts = AsyncRetrying(
-            retry=retry_if_exception_type(_Unavailable),
-            stop=stop_after_attempt(self.cfg.max_retries + 1),
-            wait=wait_exponential(multiplier=RETRY_WAIT_S, max=RETRY_WAIT_MAX_S),
-            reraise=True,
+        attempts = backoff.retrying(
+            self.cfg.max_retries + 1, RETRY_WAIT_S, RETRY_WAIT_MAX_S, retry_if_exception_type(_Unavailable)
         )
         try:
             async for attempt in attempts:
                 with attempt:
                     return await self._send(body, timeout)
         except _Unavailable as exc:
-            raise PageError(f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}",
-                            transient=True) from None
+            raise PageError(
+                f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}", transient=True
+            ) from None
 
     def _pick(self) -> Replica:
         """The up replica with the fewest outstanding requests; ties rotate. All replicas when none is up."""
@@ -246,8 +261,11 @@ class VllmEngine(Engine):
         replica = self._pick()
         replica.outstanding += 1
         try:
-            response = await self._client.post(replica.url + "/v1/chat/completions", json=body,
-                                               timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s))
+            response = await self._client.post(
+                replica.url + "/v1/chat/completions",
+                json=body,
+                timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s),
+            )
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             metrics.VLLM_REQUESTS.labels(replica.url, "timeout").inc()
             raise PageError(f"{replica.url}: no reply within {timeout:.3g} s", transient=True) from None
@@ -262,8 +280,10 @@ class VllmEngine(Engine):
             raise _Unavailable(f"{replica.url}: 503 {_error_message(response)}")
         if response.status_code != 200:
             metrics.VLLM_REQUESTS.labels(replica.url, "error").inc()
-            raise PageError(f"{replica.url} answered {response.status_code}: {_error_message(response)}",
-                            transient=response.status_code >= 500)
+            raise PageError(
+                f"{replica.url} answered {response.status_code}: {_error_message(response)}",
+                transient=response.status_code >= 500,
+            )
         metrics.VLLM_REQUESTS.labels(replica.url, "ok").inc()
         return _reply_text(response, replica.url)
 
@@ -322,8 +342,10 @@ def _slots_per_replica(config: Config) -> int:
     if slots == "auto":
         slots = config.vllm.max_num_seqs
     if slots == "auto":
-        raise ValueError("engine.vllm.slots_per_replica is auto and so is vllm.max_num_seqs: for vLLM servers "
-                         "ocrserve did not launch, set either to their --max-num-seqs")
+        raise ValueError(
+            "engine.vllm.slots_per_replica is auto and so is vllm.max_num_seqs: for vLLM servers "
+            "ocrserve did not launch, set either to their --max-num-seqs"
+        )
     return slots
 
 
@@ -344,5 +366,6 @@ def _reply_text(response: httpx.Response, url: str) -> str:
     try:
         return response.json()["choices"][0]["message"]["content"] or ""
     except (ValueError, KeyError, IndexError, TypeError):
-        raise PageError(f"{url} answered 200 without a chat completion: {response.text[:200]!r}",
-                        transient=True) from None
+        raise PageError(
+            f"{url} answered 200 without a chat completion: {response.text[:200]!r}", transient=True
+        ) from None

@@ -11,7 +11,9 @@ It answers the part of ``vllm serve``'s API a gateway uses, in vLLM's shapes:
 * ``GET /v1/models``, ``GET /health`` (200 once the engine is loaded: the port opens only then, as
   with vLLM), ``GET /metrics`` with vLLM's gauges ``vllm:num_requests_waiting``,
   ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (here: busy slots / slots) and the
-  counter ``vllm:request_success_total``.
+  counter ``vllm:request_success_total`` by ``finished_reason`` (``stop``, or ``abort`` for a
+  request whose client went away before its answer: like vLLM, the server then stops working on
+  it and frees its slot).
 
 Every completion names the server that produced it, in ``system_fingerprint`` and the
 ``X-Ocrserve-Replica`` header. At most ``engine.slots`` pages are in the engine at once; the rest
@@ -37,10 +39,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict
 
+from ocrserve.api.disconnect import until_disconnect
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.engines.base import PageError
-from ocrserve.errors import Problem
+from ocrserve.errors import ClientGone, Problem
 from ocrserve.pages import Page
 from ocrserve.preprocess import PageFailure, Preprocessor
 
@@ -65,8 +68,10 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         """The error as vLLM sends it (``ErrorResponse`` in ``vllm/entrypoints/serve/engine/protocol.py``)."""
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.status}}, status_code=self.status)
+        return JSONResponse(
+            {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}},
+            status_code=self.status,
+        )
 
 
 class ChatRequest(BaseModel):
@@ -89,11 +94,15 @@ def image_bytes(messages: list[dict]) -> bytes:
     """
     users = [m for m in messages if m.get("role") == "user"]
     content = users[-1].get("content") if users else None
-    parts = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"] if isinstance(
-        content, list) else []
+    parts = (
+        [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+        if isinstance(content, list)
+        else []
+    )
     if len(parts) != 1:
-        raise ApiError(400, f"the last user message must hold exactly one image_url part, found {len(parts)}",
-                       param="messages")
+        raise ApiError(
+            400, f"the last user message must hold exactly one image_url part, found {len(parts)}", param="messages"
+        )
     url = str((parts[0].get("image_url") or {}).get("url", ""))
     header, _, payload = url.partition(",")
     if not (header.startswith("data:") and header.endswith(";base64")):
@@ -123,20 +132,29 @@ class EngineServer:
         self.running = 0
         self._slots = asyncio.Semaphore(self.engine.slots)
         self.registry = CollectorRegistry()
-        self._successes = self._metrics()
+        self._finished = self._metrics()
 
     def _metrics(self) -> Counter:
         labels = {"model_name": self.served_model_name, "engine": "0"}  # vLLM's label names
         for name, doc, read in (
             ("vllm:num_requests_waiting", "Requests waiting for an engine slot.", lambda: self.waiting),
             ("vllm:num_requests_running", "Requests in the engine.", lambda: self.running),
-            ("vllm:kv_cache_usage_perc", "Busy engine slots / slots (1 = full).",
-             lambda: self.running / self.engine.slots),
+            (
+                "vllm:kv_cache_usage_perc",
+                "Busy engine slots / slots (1 = full).",
+                lambda: self.running / self.engine.slots,
+            ),
         ):
             Gauge(name, doc, list(labels), registry=self.registry).labels(**labels).set_function(read)
-        successes = Counter("vllm:request_success", "Completions returned.", [*labels, "finished_reason"],
-                            registry=self.registry)
-        return successes.labels(**labels, finished_reason="stop")
+        finished = Counter(
+            "vllm:request_success",
+            "Requests finished, by finished_reason (stop, abort).",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        for reason in ("stop", "abort"):
+            finished.labels(**labels, finished_reason=reason)
+        return finished
 
     async def start(self) -> None:
         """Load and warm the engine and the decoding processes."""
@@ -176,14 +194,30 @@ class EngineServer:
         if request.stream:
             raise ApiError(400, "stream=true is not supported by ocrserve engine serve", param="stream")
         page = await self.decode(image_bytes(request.messages))
-        text = await self._read(page, request.priority)
-        self._successes.inc()
+        try:
+            text = await self._read(page, request.priority)
+        except asyncio.CancelledError:
+            self._count("abort")
+            raise
+        self._count("stop")
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.served_model_name, "system_fingerprint": self.fingerprint,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop", "logprobs": None}],
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.served_model_name,
+            "system_fingerprint": self.fingerprint,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
         }
+
+    def _count(self, reason: str) -> None:
+        self._finished.labels(model_name=self.served_model_name, engine="0", finished_reason=reason).inc()
 
     async def _read(self, page: Page, priority: int) -> str:
         self.waiting += 1
@@ -214,13 +248,16 @@ def create_engine_app(config: Config, *, served_model_name: str, replica_id: str
         finally:
             await server.close()
 
-    app = FastAPI(title="ocrserve engine", summary="An OCR engine behind OpenAI chat completions.",
-                  lifespan=lifespan)
+    app = FastAPI(title="ocrserve engine", summary="An OCR engine behind OpenAI chat completions.", lifespan=lifespan)
     app.state.server = server
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=exc.status)  # nobody reads it; logged as the client's disconnect
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -229,17 +266,28 @@ def create_engine_app(config: Config, *, served_model_name: str, replica_id: str
         return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None).response()
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatRequest) -> JSONResponse:
-        """One page in (an image_url data URI), its text out as the assistant message."""
-        return JSONResponse(await server.complete(request), headers={REPLICA_HEADER: server.fingerprint})
+    async def chat_completions(body: ChatRequest, request: Request) -> JSONResponse:
+        """One page in (an image_url data URI), its text out as the assistant message; a client that
+        disconnects first aborts it."""
+        completion = await until_disconnect(request, server.complete(body))
+        return JSONResponse(completion, headers={REPLICA_HEADER: server.fingerprint})
 
     @app.get("/v1/models")
     async def models() -> dict:
         """The served model, vLLM-style, plus this server's slots."""
-        return {"object": "list", "data": [{
-            "id": served_model_name, "object": "model", "created": int(time.time()), "owned_by": "ocrserve",
-            "root": config.engine.model, "slots": server.engine.slots,
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "ocrserve",
+                    "root": config.engine.model,
+                    "slots": server.engine.slots,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health() -> Response:
@@ -256,7 +304,9 @@ def create_engine_app(config: Config, *, served_model_name: str, replica_id: str
 
 def serve(config: Config, *, host: str, port: int, served_model_name: str | None = None) -> None:
     """Run the engine server until SIGINT/SIGTERM; in-flight completions drain first."""
-    app = create_engine_app(config, served_model_name=served_model_name or config.engine.model,
-                            replica_id=f"{socket.gethostname()}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level=config.server.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    app = create_engine_app(
+        config, served_model_name=served_model_name or config.engine.model, replica_id=f"{socket.gethostname()}:{port}"
+    )
+    uvicorn.run(
+        app, host=host, port=port, log_level=config.server.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )

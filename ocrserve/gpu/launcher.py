@@ -35,11 +35,12 @@ from collections import deque
 import httpx
 import uvicorn
 
+from ocrserve import backoff
 from ocrserve.api import create_app
 from ocrserve.config import Config, VllmConfig
+from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
 from ocrserve.models import get_model
-from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 
 #: Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before connections close.
 GRACEFUL_SHUTDOWN_S = 30
@@ -68,20 +69,35 @@ def manages_vllm(config: Config) -> bool:
 def gateway_command(config: Config) -> list[str]:
     """The gateway's equivalent command line, for ``--dry-run`` and logs (with the vLLM servers it
     would reach, so it runs alone against them)."""
-    args = ["ocrserve", "launch", "--profile", config.profile,
-            "--host", config.server.host, "--port", str(config.server.port)]
+    args = [
+        "ocrserve",
+        "launch",
+        "--profile",
+        config.profile,
+        "--host",
+        config.server.host,
+        "--port",
+        str(config.server.port),
+    ]
     client = config.engine.vllm
     if config.engine.kind == "vllm" and client.base_urls:
-        args += ["--set", f"engine.vllm.base_urls=[{','.join(client.base_urls)}]",
-                 "--set", f"engine.vllm.slots_per_replica={client.slots_per_replica}"]
+        args += [
+            "--set",
+            f"engine.vllm.base_urls=[{','.join(client.base_urls)}]",
+            "--set",
+            f"engine.vllm.slots_per_replica={client.slots_per_replica}",
+        ]
     return args
 
 
 def uvicorn_config(config: Config) -> uvicorn.Config:
     """uvicorn settings of the gateway for ``config``."""
     return uvicorn.Config(
-        create_app(config), host=config.server.host, port=config.server.port,
-        log_level=config.server.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        create_app(config),
+        host=config.server.host,
+        port=config.server.port,
+        log_level=config.server.log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
 
@@ -144,10 +160,12 @@ def plan_for(config: Config) -> Plan:
     spec = get_model(config.engine.model)
     gpu, detected = resolve_gpu(v.gpu, v.gpu_memory_gib)
     return plan_serving(
-        spec, gpu,
+        spec,
+        gpu,
         gpus=detected if v.gpus == "auto" else v.gpus,
-        gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION if v.gpu_memory_utilization == "auto"
-                                else v.gpu_memory_utilization),
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if v.gpu_memory_utilization == "auto" else v.gpu_memory_utilization
+        ),
         min_pixels=pre.min_pixels if spec.supports_pixel_budget else None,
         max_pixels=pre.max_pixels,
         factor=pre.factor,
@@ -217,8 +235,12 @@ class VllmProcess:
         self.tail.clear()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, limit=LOG_LINE_LIMIT,
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                limit=LOG_LINE_LIMIT,
             )
         except OSError as exc:
             raise VllmStartError(f"cannot run {self.argv[0]!r} (vllm.executable): {exc}") from None
@@ -233,16 +255,20 @@ class VllmProcess:
             while not stop.is_set():
                 if self.proc.returncode is not None:
                     await self.stop()
-                    raise VllmStartError(f"vLLM exited with code {self.proc.returncode} before it was healthy; "
-                                         f"its last lines:\n{self._tail_text()}")
+                    raise VllmStartError(
+                        f"vLLM exited with code {self.proc.returncode} before it was healthy; "
+                        f"its last lines:\n{self._tail_text()}"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(self.url + "/health")).status_code == 200:
                         return True
                 if loop.time() > deadline:
                     await self.stop()
-                    raise VllmStartError(f"vLLM did not answer {self.url}/health within "
-                                         f"{self.cfg.health_timeout_s:g} s (vllm.health_timeout_s); its last "
-                                         f"lines:\n{self._tail_text()}")
+                    raise VllmStartError(
+                        f"vLLM did not answer {self.url}/health within "
+                        f"{self.cfg.health_timeout_s:g} s (vllm.health_timeout_s); its last "
+                        f"lines:\n{self._tail_text()}"
+                    )
                 await asyncio.sleep(HEALTH_POLL_S)
         return False
 
@@ -293,14 +319,15 @@ async def supervise(vllm: VllmProcess, stop: asyncio.Event, cfg: VllmConfig) -> 
     """Restart vLLM whenever it exits unasked (see the module docstring for the back-off);
     return once ``stop`` is set."""
     loop = asyncio.get_running_loop()
-    healthy_at, delay = loop.time(), 0.0
+    healthy_at, failures = loop.time(), 0  # failures: quick exits and failed restarts in a row
     while True:
         code = await vllm.wait()
         if stop.is_set():
             return
         await vllm.stop()
         quick = loop.time() - healthy_at < cfg.restart_backoff_max_s
-        delay = min(2 * delay, cfg.restart_backoff_max_s) if quick and delay else cfg.restart_backoff_s
+        failures = failures + 1 if quick else 1
+        delay = backoff.delay(failures, cfg.restart_backoff_s, cfg.restart_backoff_max_s)
         say(f"vLLM exited with code {code}; restarting it in {delay:g} s")
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -312,7 +339,8 @@ async def supervise(vllm: VllmProcess, stop: asyncio.Event, cfg: VllmConfig) -> 
                     return
                 break
             except VllmStartError as exc:
-                delay = min(2 * delay, cfg.restart_backoff_max_s)
+                failures += 1
+                delay = backoff.delay(failures, cfg.restart_backoff_s, cfg.restart_backoff_max_s)
                 say(str(exc))
                 say(f"restarting vLLM in {delay:g} s")
         healthy_at = loop.time()

@@ -6,7 +6,9 @@ weights, the activation peak of a profiling forward pass, CUDA graphs and the CU
 terms ahead of time, divides the KV cache by the tokens one page can need (visual tokens at the
 pixel budget + prompt + the full output budget) and so sets ``--max-num-seqs`` to the number of
 pages that can decode at once without any of them ever being preempted. Every number is kept with
-its derivation (:class:`Step`) so ``ocrserve plan`` can show its work.
+its derivation (:class:`Step`) so ``ocrserve plan`` can show its work. This module returns data
+(:class:`Plan`, its ``argv`` and ``to_dict``); the table/yaml/json/argv renderers are the CLI's
+(:mod:`ocrserve.cli.plan_render`).
 
 Units: bytes for memory, tokens for sequence quantities, seconds for latency. Estimates (activation
 peak, CUDA-graph and context reserves, decode speed) are labelled as such; vLLM measures the real
@@ -18,12 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ocrserve.gpu.registry import GIB, GPUS, GpuSpec
 from ocrserve.models import ModelSpec
+from ocrserve.preprocess import geometry
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
 """vLLM's own default (``vllm/config/cache.py`` ``gpu_memory_utilization = 0.9``); lower it when the
@@ -132,16 +134,23 @@ class Plan:
         return args + list(self.extra_flags)
 
     def to_dict(self) -> dict:
-        """Plain data for the json/yaml renderers."""
+        """The plan as plain data (str/int/float/bool/list/dict): model, GPU, strategy, vLLM
+        arguments, argv, every step and the warnings; ``ocrserve plan --format json|yaml`` prints it."""
         return {
             "model": self.model.id,
-            "gpu": {"name": self.gpu.name, "memory_gib": round(self.gpu.memory_gib, 2), "count": self.gpus,
-                    "bf16": self.gpu.bf16},
+            "gpu": {
+                "name": self.gpu.name,
+                "memory_gib": round(self.gpu.memory_gib, 2),
+                "count": self.gpus,
+                "bf16": self.gpu.bf16,
+            },
             "strategy": self.strategy,
             "vllm_args": dict(self.vllm_args),
             "argv": self.argv(),
-            "steps": [{"key": s.key, "label": s.label, "value": s.value, "unit": s.unit,
-                       "derivation": s.derivation} for s in self.steps],
+            "steps": [
+                {"key": s.key, "label": s.label, "value": s.value, "unit": s.unit, "derivation": s.derivation}
+                for s in self.steps
+            ],
             "warnings": list(self.warnings),
         }
 
@@ -207,8 +216,17 @@ def _memory(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, tp: in
     layers = math.ceil(model.num_layers / pp)
     kv = 2 * layers * kv_heads * model.head_dim * model.dtype_bytes
     fixed = weights + max(lm, encoder) + cache + CUDA_GRAPH_RESERVE + CUDA_CONTEXT_RESERVE
-    return _Memory(int(gpu.memory_bytes * util), weights, batched, lm, encoder, cache,
-                   model.vocab_size * SAMPLER_BYTES_PER_LOGIT, kv, fixed)
+    return _Memory(
+        int(gpu.memory_bytes * util),
+        weights,
+        batched,
+        lm,
+        encoder,
+        cache,
+        model.vocab_size * SAMPLER_BYTES_PER_LOGIT,
+        kv,
+        fixed,
+    )
 
 
 def _budget(model: ModelSpec, min_pixels: int | None, max_pixels: int | None, max_tokens: int | None) -> _Budget:
@@ -234,8 +252,10 @@ def _check_factor(model: ModelSpec, factor: int | None, warnings: list[str]) -> 
             f"Set preprocess.factor: {model.factor}."
         )
     if factor != model.factor:
-        warnings.append(f"preprocess.factor={factor} is a multiple of the model's {model.factor}: pages are "
-                        "rounded coarser than the model needs (harmless)")
+        warnings.append(
+            f"preprocess.factor={factor} is a multiple of the model's {model.factor}: pages are "
+            "rounded coarser than the model needs (harmless)"
+        )
 
 
 def _p95_cap(model: ModelSpec, gpu: GpuSpec, mem: _Memory, budget: _Budget, target: float) -> tuple[int, str]:
@@ -248,8 +268,9 @@ def _p95_cap(model: ModelSpec, gpu: GpuSpec, mem: _Memory, budget: _Budget, targ
     typically well under 10% of an OCR page's time) is not modelled.
     """
     if gpu.bandwidth_bytes_per_s <= 0:
-        raise PlanError(f"--p95 needs the GPU's memory bandwidth, which is unknown for {gpu.name!r}; "
-                        "name a registry GPU with --gpu")
+        raise PlanError(
+            f"--p95 needs the GPU's memory bandwidth, which is unknown for {gpu.name!r}; name a registry GPU with --gpu"
+        )
     out = min(P95_OUTPUT_TOKENS, budget.max_tokens)
     ctx = budget.visual + budget.prompt + out // 2
     rate = gpu.bandwidth_bytes_per_s * BANDWIDTH_EFFICIENCY
@@ -262,9 +283,11 @@ def _p95_cap(model: ModelSpec, gpu: GpuSpec, mem: _Memory, budget: _Budget, targ
             f"{one:.1f} s ({out} output tokens x {(mem.weights + ctx * mem.kv_per_token) / rate * 1e3:.2f} ms "
             f"per step); raise --p95, use a faster GPU or a smaller model"
         )
-    derivation = (f"p95 page = {out} output tokens x step(B); step(B) = (weights {gib(mem.weights)} + B x "
-                  f"{ctx} ctx tokens x {mem.kv_per_token} B) / ({gpu.bandwidth_gbs:g} GB/s x "
-                  f"{BANDWIDTH_EFFICIENCY}); B <= {cap} keeps it <= {target:g} s (one page alone: {one:.2f} s)")
+    derivation = (
+        f"p95 page = {out} output tokens x step(B); step(B) = (weights {gib(mem.weights)} + B x "
+        f"{ctx} ctx tokens x {mem.kv_per_token} B) / ({gpu.bandwidth_gbs:g} GB/s x "
+        f"{BANDWIDTH_EFFICIENCY}); B <= {cap} keeps it <= {target:g} s (one page alone: {one:.2f} s)"
+    )
     return cap, derivation
 
 
@@ -295,46 +318,99 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, need:
             hi = mid - 1
     if best:
         ideas.append(f"max_tokens <= {best} (--max-tokens)")
-    bigger = [g.name for g in GPUS if g.memory_bytes > gpu.memory_bytes
-              and _memory(model, g, util, budget).seqs(budget.page_tokens) >= need]
+    bigger = [
+        g.name
+        for g in GPUS
+        if g.memory_bytes > gpu.memory_bytes and _memory(model, g, util, budget).seqs(budget.page_tokens) >= need
+    ]
     if bigger:
         ideas.append("a bigger GPU: " + ", ".join(bigger[:4]))
-    split = [n for n in (2, 4, 8) if model.num_attention_heads % n == 0
-             and _memory(model, gpu, util, budget, tp=n).seqs(budget.page_tokens) >= need]
+    split = [
+        n
+        for n in (2, 4, 8)
+        if model.num_attention_heads % n == 0
+        and _memory(model, gpu, util, budget, tp=n).seqs(budget.page_tokens) >= need
+    ]
     if split:
         ideas.append(f"--gpus {split[0]} (tensor parallel over {split[0]} x {gpu.name})")
     return "; ".join(ideas) if ideas else "nothing in the registry fits this page budget"
 
 
-def _memory_steps(model: ModelSpec, gpu: GpuSpec, util: float, mem: _Memory, budget: _Budget,
-                  shards: str) -> list[Step]:
+def _memory_steps(
+    model: ModelSpec, gpu: GpuSpec, util: float, mem: _Memory, budget: _Budget, shards: str
+) -> list[Step]:
     act_expr = f"(4 x {model.hidden_size} + 3 x {model.intermediate_size}) x {ACTIVATION_BYTES} B"
     venc = f"(4 x {model.vision_hidden_size} + 3 x {model.vision_intermediate_size}) x {ACTIVATION_BYTES} B"
     return [
-        Step("usable_bytes", "memory vLLM may use", mem.usable, "bytes",
-             f"{gpu.memory_gib:.2f} GiB x gpu_memory_utilization {util:g} = {gib(mem.usable)} per GPU"),
-        Step("weights_bytes", "weights", mem.weights, "bytes",
-             f"{model.parameters:,} parameters x {model.dtype_bytes} B ({model.dtype}){shards} = {gib(mem.weights)} "
-             f"[{model.sources['parameters']}]"),
-        Step("lm_activation_bytes", "decoder activation peak (estimate)", mem.lm_activation, "bytes",
-             f"max_num_batched_tokens {mem.batched_tokens} x {act_expr}{shards} = {gib(mem.lm_activation)} "
-             "(hidden + residual + attention out, MLP gate/up + activation; one layer live at a time)"),
-        Step("encoder_activation_bytes", "vision-encoder activation peak (estimate)", mem.encoder_activation,
-             "bytes", f"{budget.visual} visual tokens x {model.merge_size}^2 patches x {venc} = "
-                      f"{gib(mem.encoder_activation)} (vLLM profiles the encoder on its largest image)"),
-        Step("encoder_cache_bytes", "encoder cache", mem.encoder_cache, "bytes",
-             f"max({mem.batched_tokens}, {budget.visual}) embeddings x {model.hidden_size} x {ACTIVATION_BYTES} B "
-             f"= {gib(mem.encoder_cache)} (v1/core/encoder_cache_manager.py: cache >= one item)"),
-        Step("cuda_graph_bytes", "CUDA-graph reserve (estimate)", CUDA_GRAPH_RESERVE, "bytes",
-             f"{gib(CUDA_GRAPH_RESERVE)}: decode graphs for batch sizes <= {MAX_NUM_SEQS_CAP} in one pool"),
-        Step("cuda_context_bytes", "CUDA context reserve (estimate)", CUDA_CONTEXT_RESERVE, "bytes",
-             f"{gib(CUDA_CONTEXT_RESERVE)}: CUDA context, cuBLAS workspaces, NCCL outside PyTorch's allocator"),
-        Step("sampler_bytes_per_seq", "sampler buffers per sequence", mem.sampler_per_seq, "bytes",
-             f"vocab {model.vocab_size:,} x {SAMPLER_BYTES_PER_LOGIT} B (fp32 logits + probabilities)"),
-        Step("kv_bytes_per_token", "KV cache per token", mem.kv_per_token, "bytes",
-             f"2 (K,V) x layers x kv_heads x head_dim x {model.dtype_bytes} B = 2 x {model.num_layers} x "
-             f"{model.num_kv_heads} x {model.head_dim} x {model.dtype_bytes}{shards} = {mem.kv_per_token:,} B "
-             "(PagedAttention, SOSP'23 sec. 3; vLLM AttentionSpec.page_size_bytes)"),
+        Step(
+            "usable_bytes",
+            "memory vLLM may use",
+            mem.usable,
+            "bytes",
+            f"{gpu.memory_gib:.2f} GiB x gpu_memory_utilization {util:g} = {gib(mem.usable)} per GPU",
+        ),
+        Step(
+            "weights_bytes",
+            "weights",
+            mem.weights,
+            "bytes",
+            f"{model.parameters:,} parameters x {model.dtype_bytes} B ({model.dtype}){shards} = {gib(mem.weights)} "
+            f"[{model.sources['parameters']}]",
+        ),
+        Step(
+            "lm_activation_bytes",
+            "decoder activation peak (estimate)",
+            mem.lm_activation,
+            "bytes",
+            f"max_num_batched_tokens {mem.batched_tokens} x {act_expr}{shards} = {gib(mem.lm_activation)} "
+            "(hidden + residual + attention out, MLP gate/up + activation; one layer live at a time)",
+        ),
+        Step(
+            "encoder_activation_bytes",
+            "vision-encoder activation peak (estimate)",
+            mem.encoder_activation,
+            "bytes",
+            f"{budget.visual} visual tokens x {model.merge_size}^2 patches x {venc} = "
+            f"{gib(mem.encoder_activation)} (vLLM profiles the encoder on its largest image)",
+        ),
+        Step(
+            "encoder_cache_bytes",
+            "encoder cache",
+            mem.encoder_cache,
+            "bytes",
+            f"max({mem.batched_tokens}, {budget.visual}) embeddings x {model.hidden_size} x {ACTIVATION_BYTES} B "
+            f"= {gib(mem.encoder_cache)} (v1/core/encoder_cache_manager.py: cache >= one item)",
+        ),
+        Step(
+            "cuda_graph_bytes",
+            "CUDA-graph reserve (estimate)",
+            CUDA_GRAPH_RESERVE,
+            "bytes",
+            f"{gib(CUDA_GRAPH_RESERVE)}: decode graphs for batch sizes <= {MAX_NUM_SEQS_CAP} in one pool",
+        ),
+        Step(
+            "cuda_context_bytes",
+            "CUDA context reserve (estimate)",
+            CUDA_CONTEXT_RESERVE,
+            "bytes",
+            f"{gib(CUDA_CONTEXT_RESERVE)}: CUDA context, cuBLAS workspaces, NCCL outside PyTorch's allocator",
+        ),
+        Step(
+            "sampler_bytes_per_seq",
+            "sampler buffers per sequence",
+            mem.sampler_per_seq,
+            "bytes",
+            f"vocab {model.vocab_size:,} x {SAMPLER_BYTES_PER_LOGIT} B (fp32 logits + probabilities)",
+        ),
+        Step(
+            "kv_bytes_per_token",
+            "KV cache per token",
+            mem.kv_per_token,
+            "bytes",
+            f"2 (K,V) x layers x kv_heads x head_dim x {model.dtype_bytes} B = 2 x {model.num_layers} x "
+            f"{model.num_kv_heads} x {model.head_dim} x {model.dtype_bytes}{shards} = {mem.kv_per_token:,} B "
+            "(PagedAttention, SOSP'23 sec. 3; vLLM AttentionSpec.page_size_bytes)",
+        ),
     ]
 
 
@@ -347,30 +423,59 @@ def _layouts(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, n: in
     pipe = _memory(model, gpu, util, budget, pp=n).seqs(page) if model.num_layers >= n else 0
     efficiency = n / (n + n - 1)
     steps = [
-        Step("parallel.replicas", "data-parallel replicas", single * n, "seqs",
-             f"{n} independent copies x {single} pages each = {single * n} pages in flight; no traffic between "
-             "GPUs, throughput scales with n" if single else "does not fit on one GPU"),
-        Step("parallel.tensor", f"tensor parallel {n}", tensor, "seqs",
-             f"weights and KV heads split {n} ways: {tensor} pages in flight; 2 all-reduces of the hidden state "
-             "per layer per step" if tp_ok else
-             f"not possible: {model.num_attention_heads} attention / {model.num_kv_heads} KV heads do not "
-             f"divide by {n}"),
-        Step("parallel.pipeline", f"pipeline parallel {n}", pipe, "seqs",
-             f"layers split in {n} stages: {pipe} pages in flight; bubble efficiency m/(m+n-1) = "
-             f"{n}/({n}+{n}-1) = {efficiency:.2f} with vLLM's m = n micro-batches in flight"),
+        Step(
+            "parallel.replicas",
+            "data-parallel replicas",
+            single * n,
+            "seqs",
+            f"{n} independent copies x {single} pages each = {single * n} pages in flight; no traffic between "
+            "GPUs, throughput scales with n"
+            if single
+            else "does not fit on one GPU",
+        ),
+        Step(
+            "parallel.tensor",
+            f"tensor parallel {n}",
+            tensor,
+            "seqs",
+            f"weights and KV heads split {n} ways: {tensor} pages in flight; 2 all-reduces of the hidden state "
+            "per layer per step"
+            if tp_ok
+            else f"not possible: {model.num_attention_heads} attention / {model.num_kv_heads} KV heads do not "
+            f"divide by {n}",
+        ),
+        Step(
+            "parallel.pipeline",
+            f"pipeline parallel {n}",
+            pipe,
+            "seqs",
+            f"layers split in {n} stages: {pipe} pages in flight; bubble efficiency m/(m+n-1) = "
+            f"{n}/({n}+{n}-1) = {efficiency:.2f} with vLLM's m = n micro-batches in flight",
+        ),
     ]
     if single:
-        choice, why = "replicas", (f"the model fits one GPU ({single} pages each): {n} replicas give {n}x the "
-                                   "throughput with no inter-GPU communication, so tensor/pipeline parallelism "
-                                   "would only add all-reduce or pipeline-bubble overhead")
+        choice, why = (
+            "replicas",
+            (
+                f"the model fits one GPU ({single} pages each): {n} replicas give {n}x the "
+                "throughput with no inter-GPU communication, so tensor/pipeline parallelism "
+                "would only add all-reduce or pipeline-bubble overhead"
+            ),
+        )
     elif tensor:
-        choice, why = "tensor", (f"one GPU cannot hold a page; tensor parallelism fits {tensor} pages with no "
-                                 f"pipeline bubble (pipeline efficiency would be {efficiency:.2f})")
+        choice, why = (
+            "tensor",
+            (
+                f"one GPU cannot hold a page; tensor parallelism fits {tensor} pages with no "
+                f"pipeline bubble (pipeline efficiency would be {efficiency:.2f})"
+            ),
+        )
     elif pipe:
         choice, why = "pipeline", f"only a {n}-stage pipeline fits ({pipe} pages), at efficiency {efficiency:.2f}"
     else:
-        raise PlanError(f"{model.id} does not fit on {n} x {gpu.name} in any layout; "
-                        + _suggest(model, gpu, util, budget, 1))
+        raise PlanError(
+            f"{model.id} does not fit on {n} x {gpu.name} in any layout; " + _suggest(model, gpu, util, budget, 1)
+        )
     steps.append(Step("parallel.choice", "multi-GPU layout", choice, "", why))
     return choice, steps
 
@@ -416,8 +521,10 @@ def plan_serving(
     _check_factor(model, factor, warnings)
     budget = _budget(model, min_pixels, max_pixels, max_tokens)
     if model.max_pixels and budget.max_pixels and budget.max_pixels > model.max_pixels:
-        warnings.append(f"max_pixels {budget.max_pixels:,} exceeds the model card's {model.max_pixels:,}: "
-                        "more tokens per page than the model was trained for")
+        warnings.append(
+            f"max_pixels {budget.max_pixels:,} exceeds the model card's {model.max_pixels:,}: "
+            "more tokens per page than the model was trained for"
+        )
     util = gpu_memory_utilization
     strategy, parallel_steps = ("single", []) if gpus == 1 else _layouts(model, gpu, util, budget, gpus)
     tp = gpus if strategy == "tensor" else 1
@@ -426,32 +533,61 @@ def plan_serving(
     mem = _memory(model, gpu, util, budget, tp=tp, pp=pp)
     page = budget.page_tokens
     if page > model.max_position_embeddings:
-        raise PlanError(f"one page needs {page} tokens but {model.id} supports {model.max_position_embeddings}; "
-                        f"lower max_tokens ({budget.max_tokens}) or max_pixels")
+        raise PlanError(
+            f"one page needs {page} tokens but {model.id} supports {model.max_position_embeddings}; "
+            f"lower max_tokens ({budget.max_tokens}) or max_pixels"
+        )
 
     steps = [
-        Step("visual_tokens", "visual tokens per page (max)", budget.visual, "tokens",
-             _visual_derivation(model, budget)),
-        Step("prompt_tokens", "prompt tokens (estimate)", budget.prompt, "tokens",
-             f"longest task prompt, ceil(UTF-8 bytes / 2) + chat template [{model.sources.get('prompts', '')}]"),
-        Step("output_tokens", "output budget per page", budget.max_tokens, "tokens",
-             f"max_tokens [{model.sources.get('sampling', '')}]" if max_tokens is None else "max_tokens (given)"),
-        Step("page_tokens", "tokens per page", page, "tokens",
-             f"{budget.visual} visual + {budget.prompt} prompt + {budget.max_tokens} output = {page}"),
+        Step(
+            "visual_tokens", "visual tokens per page (max)", budget.visual, "tokens", _visual_derivation(model, budget)
+        ),
+        Step(
+            "prompt_tokens",
+            "prompt tokens (estimate)",
+            budget.prompt,
+            "tokens",
+            f"longest task prompt, ceil(UTF-8 bytes / 2) + chat template [{model.sources.get('prompts', '')}]",
+        ),
+        Step(
+            "output_tokens",
+            "output budget per page",
+            budget.max_tokens,
+            "tokens",
+            f"max_tokens [{model.sources.get('sampling', '')}]" if max_tokens is None else "max_tokens (given)",
+        ),
+        Step(
+            "page_tokens",
+            "tokens per page",
+            page,
+            "tokens",
+            f"{budget.visual} visual + {budget.prompt} prompt + {budget.max_tokens} output = {page}",
+        ),
         *_memory_steps(model, gpu, util, mem, budget, shards),
     ]
     fit = mem.seqs(page)
-    steps.append(Step("seqs_by_memory", "pages that fit in KV at once", fit, "seqs",
-                      f"floor(({gib(mem.usable)} - {gib(mem.fixed)} fixed) / ({page} tokens x {mem.kv_per_token:,} B "
-                      f"+ {mem.sampler_per_seq:,} B sampler)) = {fit}"))
+    steps.append(
+        Step(
+            "seqs_by_memory",
+            "pages that fit in KV at once",
+            fit,
+            "seqs",
+            f"floor(({gib(mem.usable)} - {gib(mem.fixed)} fixed) / ({page} tokens x {mem.kv_per_token:,} B "
+            f"+ {mem.sampler_per_seq:,} B sampler)) = {fit}",
+        )
+    )
     if fit < 1:
         if mem.weights >= mem.usable:
             why = f"its weights alone take {gib(mem.weights)} of the {gib(mem.usable)} vLLM may use"
         else:
-            why = (f"one page needs {gib(page * mem.kv_per_token)} of KV cache but only "
-                   f"{gib(max(0, mem.usable - mem.fixed))} is left after {gib(mem.fixed)} of weights and reserves")
-        raise PlanError(f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): {why}. "
-                        f"What would fit: {_suggest(model, gpu, util, budget, 1)}")
+            why = (
+                f"one page needs {gib(page * mem.kv_per_token)} of KV cache but only "
+                f"{gib(max(0, mem.usable - mem.fixed))} is left after {gib(mem.fixed)} of weights and reserves"
+            )
+        raise PlanError(
+            f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): {why}. "
+            f"What would fit: {_suggest(model, gpu, util, budget, 1)}"
+        )
     seqs, why = min(fit, MAX_NUM_SEQS_CAP), f"min(memory {fit}, CUDA-graph cap {MAX_NUM_SEQS_CAP})"
     if p95_seconds is not None:
         cap, derivation = _p95_cap(model, gpu, mem, budget, p95_seconds)
@@ -459,20 +595,32 @@ def plan_serving(
         seqs, why = min(seqs, cap), why + f", p95 {cap}"
     if max_num_seqs is not None:
         if max_num_seqs > fit:
-            raise PlanError(f"max_num_seqs={max_num_seqs} does not fit: memory holds {fit} pages of {page} tokens "
-                            f"on {gpu.name}. What would fit {max_num_seqs}: "
-                            f"{_suggest(model, gpu, util, budget, max_num_seqs)}")
+            raise PlanError(
+                f"max_num_seqs={max_num_seqs} does not fit: memory holds {fit} pages of {page} tokens "
+                f"on {gpu.name}. What would fit {max_num_seqs}: "
+                f"{_suggest(model, gpu, util, budget, max_num_seqs)}"
+            )
         seqs, why = max_num_seqs, f"requested {max_num_seqs} (memory allows {fit})"
     kv_tokens = mem.kv_tokens(seqs)
     steps += [
         Step("max_num_seqs", "--max-num-seqs", seqs, "seqs", why + " (per replica)"),
-        Step("kv_tokens", "KV-cache tokens", kv_tokens, "tokens",
-             f"({gib(mem.usable)} - {gib(mem.fixed)} - {seqs} x sampler) / {mem.kv_per_token:,} B, whole "
-             f"{BLOCK_SIZE}-token blocks = {kv_tokens:,}"),
-        Step("max_num_batched_tokens", "--max-num-batched-tokens", mem.batched_tokens, "tokens",
-             f"max({MIN_BATCHED_TOKENS}, {budget.visual} visual + {budget.prompt} prompt rounded up to "
-             f"{BATCHED_TOKENS_ALIGN}); never below one page's prefill, which vLLM rejects at start-up when "
-             "chunked multimodal input is off"),
+        Step(
+            "kv_tokens",
+            "KV-cache tokens",
+            kv_tokens,
+            "tokens",
+            f"({gib(mem.usable)} - {gib(mem.fixed)} - {seqs} x sampler) / {mem.kv_per_token:,} B, whole "
+            f"{BLOCK_SIZE}-token blocks = {kv_tokens:,}",
+        ),
+        Step(
+            "max_num_batched_tokens",
+            "--max-num-batched-tokens",
+            mem.batched_tokens,
+            "tokens",
+            f"max({MIN_BATCHED_TOKENS}, {budget.visual} visual + {budget.prompt} prompt rounded up to "
+            f"{BATCHED_TOKENS_ALIGN}); never below one page's prefill, which vLLM rejects at start-up when "
+            "chunked multimodal input is off",
+        ),
         Step("max_model_len", "--max-model-len", page, "tokens", "one page: visual + prompt + output budget"),
         *parallel_steps,
     ]
@@ -483,18 +631,43 @@ def plan_serving(
 
 def _visual_derivation(model: ModelSpec, budget: _Budget) -> str:
     if not model.supports_pixel_budget:
-        return ("DeepSeek-OCR Gundam tiling: 273 global-view tokens + up to 660 for 1x6 640-px tiles "
-                f"[{model.sources['tiles']}]")
+        t = model.tiles
+        cols, rows = geometry.worst_tiling(
+            tile_queries=t["tile_queries"], min_crops=t["min_crops"], max_crops=t["max_crops"]
+        )
+        return (
+            f"DeepSeek-OCR Gundam tiling: {geometry.global_view_tokens(t['base_queries'])} global-view tokens "
+            f"+ up to {geometry.local_tiles_tokens(cols, rows, t['tile_queries'])} for {cols}x{rows} "
+            f"{t['tile_size']}-px tiles [{model.sources['tiles']}]"
+        )
     f = model.factor
-    if model.token_formula == "grid":
-        return (f"max_pixels {budget.max_pixels:,} // ({model.patch_size} x {model.merge_size})^2 = "
-                f"{budget.max_pixels:,} // {f * f} [{model.sources['token_formula']}]")
-    return (f"(h/{f}) x (w/{f} + 1) + 2 at the worse of a square page and vLLM's 512x8192 profiling image, "
-            f"area <= {budget.max_pixels:,} [{model.sources['token_formula']}]")
+    if not model.row_tokens:
+        extra = f" + {model.image_tokens}" if model.image_tokens else ""
+        return (
+            f"max_pixels {budget.max_pixels:,} // ({model.patch_size} x {model.merge_size})^2{extra} = "
+            f"{budget.max_pixels:,} // {f * f}{extra} [{model.sources['token_formula']}]"
+        )
+    where = "a square page"
+    if model.profile_image:
+        height, width = model.profile_image
+        where = f"the worse of a square page and vLLM's {width}x{height} profiling image"
+    return (
+        f"(h/{f}) x (w/{f} + {model.row_tokens}) + {model.image_tokens} at {where}, "
+        f"area <= {budget.max_pixels:,} [{model.sources['token_formula']}]"
+    )
 
 
-def _vllm_args(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, seqs: int, batched: int,
-               page: int, strategy: str, gpus: int) -> dict[str, object]:
+def _vllm_args(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    util: float,
+    budget: _Budget,
+    seqs: int,
+    batched: int,
+    page: int,
+    strategy: str,
+    gpus: int,
+) -> dict[str, object]:
     args: dict[str, object] = {
         "gpu_memory_utilization": util,
         "max_model_len": page,
@@ -516,8 +689,9 @@ def _vllm_args(model: ModelSpec, gpu: GpuSpec, util: float, budget: _Budget, seq
     return args
 
 
-def _apply_overrides(args: dict[str, object], overrides: Mapping[str, object], mem: _Memory, budget: _Budget,
-                     warnings: list[str]) -> None:
+def _apply_overrides(
+    args: dict[str, object], overrides: Mapping[str, object], mem: _Memory, budget: _Budget, warnings: list[str]
+) -> None:
     floors = {"max_num_batched_tokens": budget.visual + budget.prompt, "max_model_len": budget.page_tokens}
     for key, value in overrides.items():
         if value in ("auto", None) or key in ("gpu_memory_utilization", "max_num_seqs"):
@@ -525,54 +699,8 @@ def _apply_overrides(args: dict[str, object], overrides: Mapping[str, object], m
         if key in floors and int(value) < floors[key]:
             raise PlanError(f"vllm.{key}={value} is below the {floors[key]} tokens one page needs")
         if key == "max_num_batched_tokens" and int(value) > mem.batched_tokens:
-            warnings.append(f"max_num_batched_tokens={value} raises the activation peak above the planned "
-                            f"{mem.batched_tokens}; KV estimates may be optimistic")
+            warnings.append(
+                f"max_num_batched_tokens={value} raises the activation peak above the planned "
+                f"{mem.batched_tokens}; KV estimates may be optimistic"
+            )
         args[key] = value
-
-
-def render_argv(plan: Plan) -> str:
-    """The command line, shell-quoted (``shlex.split`` gives :meth:`Plan.argv` back)."""
-    return shlex.join(plan.argv())
-
-
-def render_json(plan: Plan) -> str:
-    """The plan as indented JSON."""
-    return json.dumps(plan.to_dict(), indent=2, ensure_ascii=False)
-
-
-def render_yaml(plan: Plan) -> str:
-    """The plan as YAML (block style, keys in plan order)."""
-    import yaml
-
-    return yaml.safe_dump(plan.to_dict(), sort_keys=False, allow_unicode=True, width=100)
-
-
-def _show(step: Step) -> str:
-    if step.unit == "bytes":
-        for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-            if step.value >= size:
-                return f"{step.value / size:.2f} {unit}"
-        return f"{step.value} B"
-    if isinstance(step.value, int):
-        return f"{step.value:,}"
-    return str(step.value)
-
-
-def render_table(plan: Plan):
-    """A Rich renderable: one row per quantity with value and derivation, then the command line."""
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-
-    title = (f"{plan.model.id} on {plan.gpus} x {plan.gpu.name} ({plan.gpu.memory_gib:.1f} GiB"
-             f"{'' if plan.gpu.bf16 else ', no bf16'}) - {plan.strategy}")
-    table = Table("quantity", "value", "derivation", title=title, show_lines=False, expand=False)
-    for step in plan.steps:
-        table.add_row(escape(step.label), _show(step), escape(step.derivation))
-    parts = [table, Text("vLLM command line:", style="bold"), Text(render_argv(plan))]
-    parts += [Text("warning: " + w, style="yellow") for w in plan.warnings]
-    return Group(*parts)
-
-
-RENDERERS = {"argv": render_argv, "json": render_json, "yaml": render_yaml, "table": render_table}

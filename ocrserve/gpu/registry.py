@@ -75,43 +75,117 @@ def _spec(name, gib, cc, bw, aliases, source) -> GpuSpec:
 
 _NV = "https://www.nvidia.com/"
 GPUS: tuple[GpuSpec, ...] = (
-    _spec("RTX 3060 12G", 12, (8, 6), 360, ["rtx3060", "rtx306012gb", "3060"],
-          _NV + "en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti/ (12 GB GDDR6, 192-bit, 15 Gbps "
-          "= 360 GB/s; GA106, compute capability 8.6 per developer.nvidia.com/cuda-gpus)"),
-    _spec("RTX 2080 Ti", 11, (7, 5), 616, ["rtx2080ti", "2080ti"],
-          _NV + "en-us/geforce/graphics-cards/compare/?section=compare-20 (11 GB GDDR6, 616 GB/s; "
-          "Turing TU102, compute capability 7.5: no bf16)"),
-    _spec("RTX 3090", 24, (8, 6), 936, ["rtx3090", "3090"],
-          _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/ (24 GB GDDR6X, 936 GB/s; "
-          "GA102, compute capability 8.6)"),
-    _spec("RTX 4090", 24, (8, 9), 1008, ["rtx4090", "4090"],
-          _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/ (24 GB GDDR6X, 384-bit, 21 Gbps "
-          "= 1008 GB/s; AD102, compute capability 8.9)"),
-    _spec("RTX 4090D", 24, (8, 9), 1008, ["rtx4090d", "4090d"],
-          _NV + "zh-cn/geforce/graphics-cards/40-series/rtx-4090d/ (24 GB GDDR6X, 384-bit: the "
-          "4090's memory system, 114 instead of 128 SMs; AD102, compute capability 8.9)"),
-    _spec("L4", 24, (8, 9), 300, ["l4", "nvidial4"],
-          _NV + "en-us/data-center/l4/ (24 GB GDDR6, 300 GB/s; Ada, compute capability 8.9)"),
-    _spec("A10 24G", 24, (8, 6), 600, ["a10", "a1024g", "a1024gb"],
-          _NV + "en-us/data-center/products/a10-gpu/ (24 GB GDDR6, 600 GB/s; GA102, compute "
-          "capability 8.6)"),
-    _spec("T4 16G", 16, (7, 5), 320, ["t4", "t416g", "t416gb", "teslat4"],
-          _NV + "en-us/data-center/tesla-t4/ (16 GB GDDR6, 320+ GB/s; Turing, compute capability 7.5: "
-          "no bf16)"),
-    _spec("L40S 48G", 48, (8, 9), 864, ["l40s", "l40s48g", "l40s48gb"],
-          _NV + "en-us/data-center/l40s/ (48 GB GDDR6 with ECC, 864 GB/s; Ada, compute capability 8.9)"),
-    _spec("A100 40G", 40, (8, 0), 1555, ["a10040g", "a10040gb", "a100pcie40gb", "a100sxm440gb"],
-          _NV + "en-us/data-center/a100/ (A100 40GB: HBM2, 1,555 GB/s; compute capability 8.0)"),
-    _spec("A100 80G", 80, (8, 0), 1935, ["a100", "a10080g", "a10080gb", "a100sxm480gb", "a100pcie80gb"],
-          _NV + "en-us/data-center/a100/ (A100 80GB: HBM2e, 1,935 GB/s PCIe / 2,039 GB/s SXM; the "
-          "lower figure is kept)"),
-    _spec("H100 80G", 80, (9, 0), 2000, ["h100", "h10080g", "h10080gb", "h10080gbhbm3", "h100pcie",
-                                          "h100sxm580gb"],
-          _NV + "en-us/data-center/h100/ (H100 80GB: 2.0 TB/s PCIe / 3.35 TB/s SXM; the lower figure "
-          "is kept; compute capability 9.0)"),
-    _spec("H200 141G", 143771 / 1024, (9, 0), 4800, ["h200", "h200141g", "h200141gb", "h200nvl"],
-          _NV + "en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s; nvidia-smi reports 143771 MiB "
-          "total on an H200 SXM; compute capability 9.0)"),
+    _spec(
+        "RTX 3060 12G",
+        12,
+        (8, 6),
+        360,
+        ["rtx3060", "rtx306012gb", "3060"],
+        _NV + "en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti/ (12 GB GDDR6, 192-bit, 15 Gbps "
+        "= 360 GB/s; GA106, compute capability 8.6 per developer.nvidia.com/cuda-gpus)",
+    ),
+    _spec(
+        "RTX 2080 Ti",
+        11,
+        (7, 5),
+        616,
+        ["rtx2080ti", "2080ti"],
+        _NV + "en-us/geforce/graphics-cards/compare/?section=compare-20 (11 GB GDDR6, 616 GB/s; "
+        "Turing TU102, compute capability 7.5: no bf16)",
+    ),
+    _spec(
+        "RTX 3090",
+        24,
+        (8, 6),
+        936,
+        ["rtx3090", "3090"],
+        _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/ (24 GB GDDR6X, 936 GB/s; "
+        "GA102, compute capability 8.6)",
+    ),
+    _spec(
+        "RTX 4090",
+        24,
+        (8, 9),
+        1008,
+        ["rtx4090", "4090"],
+        _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/ (24 GB GDDR6X, 384-bit, 21 Gbps "
+        "= 1008 GB/s; AD102, compute capability 8.9)",
+    ),
+    _spec(
+        "RTX 4090D",
+        24,
+        (8, 9),
+        1008,
+        ["rtx4090d", "4090d"],
+        _NV + "zh-cn/geforce/graphics-cards/40-series/rtx-4090d/ (24 GB GDDR6X, 384-bit: the "
+        "4090's memory system, 114 instead of 128 SMs; AD102, compute capability 8.9)",
+    ),
+    _spec(
+        "L4",
+        24,
+        (8, 9),
+        300,
+        ["l4", "nvidial4"],
+        _NV + "en-us/data-center/l4/ (24 GB GDDR6, 300 GB/s; Ada, compute capability 8.9)",
+    ),
+    _spec(
+        "A10 24G",
+        24,
+        (8, 6),
+        600,
+        ["a10", "a1024g", "a1024gb"],
+        _NV + "en-us/data-center/products/a10-gpu/ (24 GB GDDR6, 600 GB/s; GA102, compute capability 8.6)",
+    ),
+    _spec(
+        "T4 16G",
+        16,
+        (7, 5),
+        320,
+        ["t4", "t416g", "t416gb", "teslat4"],
+        _NV + "en-us/data-center/tesla-t4/ (16 GB GDDR6, 320+ GB/s; Turing, compute capability 7.5: no bf16)",
+    ),
+    _spec(
+        "L40S 48G",
+        48,
+        (8, 9),
+        864,
+        ["l40s", "l40s48g", "l40s48gb"],
+        _NV + "en-us/data-center/l40s/ (48 GB GDDR6 with ECC, 864 GB/s; Ada, compute capability 8.9)",
+    ),
+    _spec(
+        "A100 40G",
+        40,
+        (8, 0),
+        1555,
+        ["a10040g", "a10040gb", "a100pcie40gb", "a100sxm440gb"],
+        _NV + "en-us/data-center/a100/ (A100 40GB: HBM2, 1,555 GB/s; compute capability 8.0)",
+    ),
+    _spec(
+        "A100 80G",
+        80,
+        (8, 0),
+        1935,
+        ["a100", "a10080g", "a10080gb", "a100sxm480gb", "a100pcie80gb"],
+        _NV + "en-us/data-center/a100/ (A100 80GB: HBM2e, 1,935 GB/s PCIe / 2,039 GB/s SXM; the lower figure is kept)",
+    ),
+    _spec(
+        "H100 80G",
+        80,
+        (9, 0),
+        2000,
+        ["h100", "h10080g", "h10080gb", "h10080gbhbm3", "h100pcie", "h100sxm580gb"],
+        _NV + "en-us/data-center/h100/ (H100 80GB: 2.0 TB/s PCIe / 3.35 TB/s SXM; the lower figure "
+        "is kept; compute capability 9.0)",
+    ),
+    _spec(
+        "H200 141G",
+        143771 / 1024,
+        (9, 0),
+        4800,
+        ["h200", "h200141g", "h200141gb", "h200nvl"],
+        _NV + "en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s; nvidia-smi reports 143771 MiB "
+        "total on an H200 SXM; compute capability 9.0)",
+    ),
 )
 
 _NOISE = ("nvidia", "geforce", "tesla", "quadro")
@@ -197,11 +271,23 @@ class DetectedGpu:
         consumer NVIDIA card since Ampere does) and to have unknown bandwidth.
         """
         if self.spec is None:
-            return GpuSpec(self.name, self.memory_mib, (8, 0), 0.0, (),
-                           f"detected via {self.via}; not in the registry: bf16 assumed, bandwidth unknown")
+            return GpuSpec(
+                self.name,
+                self.memory_mib,
+                (8, 0),
+                0.0,
+                (),
+                f"detected via {self.via}; not in the registry: bf16 assumed, bandwidth unknown",
+            )
         base = self.spec
-        return GpuSpec(base.name, self.memory_mib, base.compute_capability, base.bandwidth_gbs,
-                       base.aliases, f"detected via {self.via}; {base.source}")
+        return GpuSpec(
+            base.name,
+            self.memory_mib,
+            base.compute_capability,
+            base.bandwidth_gbs,
+            base.aliases,
+            f"detected via {self.via}; {base.source}",
+        )
 
 
 def _detect_nvml() -> list[tuple[str, int]]:
@@ -241,7 +327,10 @@ def _detect_nvidia_smi() -> list[tuple[str, int]]:
         return []
     result = subprocess.run(
         [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     return parse_nvidia_smi(result.stdout) if result.returncode == 0 else []
 
@@ -296,6 +385,12 @@ def resolve_gpu(gpu: str, gpu_memory: float | None) -> tuple[GpuSpec, int]:
     else:
         base = lookup(gpu)
     if gpu_memory is not None:
-        base = GpuSpec(base.name, int(gpu_memory * GIB / 1024**2), base.compute_capability,
-                       base.bandwidth_gbs, base.aliases, base.source + f"; memory set to {gpu_memory:g} GiB")
+        base = GpuSpec(
+            base.name,
+            int(gpu_memory * GIB / 1024**2),
+            base.compute_capability,
+            base.bandwidth_gbs,
+            base.aliases,
+            base.source + f"; memory set to {gpu_memory:g} GiB",
+        )
     return base, count

@@ -22,12 +22,12 @@ from typing import BinaryIO
 from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.errors import BadRequest
-from ocrserve.store.cache import DedupCache
-from ocrserve.store.files import DataDir
-from ocrserve.store.records import PAGE_DONE, QUEUED, Document, Job, PageOutcome
-from ocrserve.store.base import JobStore
 from ocrserve.jobs.webhooks import check_webhook_url
 from ocrserve.preprocess import Preprocessor
+from ocrserve.store.base import JobStore
+from ocrserve.store.cache import DedupCache
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import Document, Job, JobStatus, PageOutcome, PageState
 
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 255
@@ -91,8 +91,16 @@ class Intake:
         on_submit: called after a new job is stored (wakes the local worker).
     """
 
-    def __init__(self, config: Config, store: JobStore, data: DataDir, cache: DedupCache,
-                 preprocessor: Preprocessor, model: str, on_submit: Callable[[], None]):
+    def __init__(
+        self,
+        config: Config,
+        store: JobStore,
+        data: DataDir,
+        cache: DedupCache,
+        preprocessor: Preprocessor,
+        model: str,
+        on_submit: Callable[[], None],
+    ):
         self.config = config
         self.store = store
         self.data = data
@@ -102,7 +110,9 @@ class Intake:
         self.on_submit = on_submit
 
     async def submit(self, uploads: list[Upload], params: dict[str, str], idempotency_key: str = "") -> Submission:
-        """Accept a job of ``uploads`` with ``params`` (``pages``, ``priority``, ``webhook_url``).
+        """Accept a job of ``uploads`` with ``params`` (``pages``, ``priority``, ``webhook_url``, and
+        ``timeout``: seconds, already validated by the API; pages not done that long after the 202
+        fail with 504).
 
         Raises:
             Problem: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
@@ -118,8 +128,15 @@ class Intake:
         staged: list[Path] = []
         try:
             documents = [await self._document(upload, params.get("pages"), staged) for upload in uploads]
-            return await self._store(documents, staged, priority, webhook_url, params.get("pages") or "",
-                                     check_idempotency_key(idempotency_key) if idempotency_key else "")
+            terms = {
+                "pages": params.get("pages") or "",
+                "priority": priority,
+                "webhook_url": webhook_url,
+                "timeout": float(params.get("timeout") or 0),
+            }
+            return await self._store(
+                documents, staged, terms, check_idempotency_key(idempotency_key) if idempotency_key else ""
+            )
         finally:
             for path in staged:
                 path.unlink(missing_ok=True)  # adopted ones have moved already
@@ -134,13 +151,22 @@ class Intake:
         sha256 = hasher.hexdigest()
         return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
 
-    async def _store(self, documents: list[Document], staged: list[Path], priority: int, webhook_url: str,
-                     pages: str, key: str) -> Submission:
-        request = json.dumps({"documents": [[d.name, d.sha256] for d in documents], "pages": pages,
-                              "priority": priority, "webhook_url": webhook_url}, sort_keys=True)
-        job = Job(id=uuid.uuid4().hex, status=QUEUED, priority=priority, created=time.time(), documents=documents,
-                  model=self.model, webhook_url=webhook_url,
-                  request_hash=hashlib.sha256(request.encode()).hexdigest())
+    async def _store(self, documents: list[Document], staged: list[Path], terms: dict, key: str) -> Submission:
+        """Store the job; ``terms`` holds its ``pages``, ``priority``, ``webhook_url`` and ``timeout``
+        (0 = none), which with the documents make the request an ``Idempotency-Key`` stands for."""
+        request = json.dumps({"documents": [[d.name, d.sha256] for d in documents], **terms}, sort_keys=True)
+        created = time.time()
+        job = Job(
+            id=uuid.uuid4().hex,
+            status=JobStatus.QUEUED,
+            priority=terms["priority"],
+            created=created,
+            documents=documents,
+            model=self.model,
+            webhook_url=terms["webhook_url"],
+            request_hash=hashlib.sha256(request.encode()).hexdigest(),
+            deadline=created + terms["timeout"] if terms["timeout"] else 0.0,
+        )
         self.data.adopt(job.id, staged)
         try:
             finished = await self._from_cache(job)
@@ -170,6 +196,6 @@ class Intake:
             for n in range(len(document.indices)):
                 if cached is not None:
                     path = await asyncio.to_thread(self.data.write_page, job.id, seq, "cache", cached[n])
-                    finished[seq] = PageOutcome(PAGE_DONE, path)
+                    finished[seq] = PageOutcome(PageState.DONE, path)
                 seq += 1
         return finished

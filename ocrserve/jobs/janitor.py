@@ -14,8 +14,8 @@ import time
 
 from ocrserve import metrics
 from ocrserve.config import JobsConfig
-from ocrserve.store.files import DataDir
 from ocrserve.store.base import JobStore
+from ocrserve.store.files import DataDir
 
 log = logging.getLogger(__name__)
 #: Staged uploads older than this, seconds, belong to requests that died.

@@ -7,16 +7,20 @@ import time
 from datetime import datetime, timezone
 
 from ocrserve.errors import PROBLEM_BASE
-from ocrserve.store.files import DataDir
-from ocrserve.store.records import PAGE_DONE, PAGE_FAILED, Job, PageRecord
-from ocrserve.store.base import JobStore
+from ocrserve.formats import assemble_result
 from ocrserve.pages import PageResult
 from ocrserve.router import BULK
-from ocrserve.service import assemble_result
+from ocrserve.store.base import JobStore
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import Job, PageRecord, PageState
 
 #: The ``error`` of a page that never ran because its job was cancelled.
-CANCELLED_PAGE = {"type": PROBLEM_BASE + "cancelled", "title": "Cancelled", "status": 409,
-                  "detail": "the job was cancelled before this page ran"}
+CANCELLED_PAGE = {
+    "type": PROBLEM_BASE + "cancelled",
+    "title": "Cancelled",
+    "status": 409,
+    "detail": "the job was cancelled before this page ran",
+}
 
 
 def _iso(seconds: float) -> str | None:
@@ -42,8 +46,11 @@ def status_view(job: Job, pages: list[PageRecord] | None = None) -> dict:
         "pages_done": job.pages_done,
         "pages_failed": job.pages_failed,
         "documents": [{"name": d.name, "sha256": d.sha256, "pages": len(d.indices)} for d in job.documents],
-        "errors": [{"page": p.seq, "document": p.document, "index": p.index, "error": p.error}
-                   for p in pages or () if p.state == PAGE_FAILED],
+        "errors": [
+            {"page": p.seq, "document": p.document, "index": p.index, "error": p.error}
+            for p in pages or ()
+            if p.state == PageState.FAILED
+        ],
         "links": links(job.id),
     }
 
@@ -71,10 +78,10 @@ async def job_result(store: JobStore, data: DataDir, job: Job) -> dict:
 def _load_pages(data: DataDir, records: list[PageRecord]) -> list[dict]:
     pages = []
     for record in records:
-        if record.state == PAGE_DONE:
+        if record.state == PageState.DONE:
             page = data.read_json(record.result_path)
         else:
-            error = record.error if record.state == PAGE_FAILED else CANCELLED_PAGE
+            error = record.error if record.state == PageState.FAILED else CANCELLED_PAGE
             page = PageResult(index=record.index, width=0, height=0, text="", error=error).to_dict()
         pages.append({**page, "document": record.document})
     return pages

@@ -10,16 +10,16 @@ import socket
 
 from ocrserve import metrics
 from ocrserve.config import Config
-from ocrserve.store.cache import DedupCache
-from ocrserve.store.files import DataDir
 from ocrserve.jobs.intake import Intake
 from ocrserve.jobs.janitor import Janitor
-from ocrserve.store.records import CANCELLED, PAGE_DONE, Job
-from ocrserve.store import open_store
 from ocrserve.jobs.webhooks import WebhookSender
 from ocrserve.jobs.worker import Worker
 from ocrserve.preprocess import Preprocessor
 from ocrserve.router import Router
+from ocrserve.store import open_store
+from ocrserve.store.cache import DedupCache
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import Job, JobStatus, PageRecord, PageState
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,35 @@ class Jobs:
         self.config = config
         self.store = open_store(config.store)
         self.data = DataDir(config.store.data_dir)
-        self.cache = DedupCache(self.store, self.data, config.store.cache_entries, router.engine.model,
-                                config.preprocess)
+        self.cache = DedupCache(
+            self.store, self.data, config.store.cache_entries, router.engine.model, config.preprocess
+        )
         self.webhooks = WebhookSender(self.store, config.jobs)
-        self.worker = Worker(self.store, self.data, preprocessor, router, config.jobs,
-                             owner=f"{socket.gethostname()}/{os.getpid()}", on_end=self._ended)
+        self.worker = Worker(
+            self.store,
+            self.data,
+            preprocessor,
+            router,
+            config.jobs,
+            owner=f"{socket.gethostname()}/{os.getpid()}",
+            on_end=self._ended,
+        )
         self.janitor = Janitor(self.store, self.data, config.jobs)
-        self.intake = Intake(config, self.store, self.data, self.cache, preprocessor, router.engine.model,
-                             on_submit=self.worker.wake)
+        self.intake = Intake(
+            config, self.store, self.data, self.cache, preprocessor, router.engine.model, on_submit=self.worker.wake
+        )
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
         """Start the worker, the webhook sender and the janitor on the running loop."""
-        self._tasks = [asyncio.create_task(coro, name=f"ocrserve-jobs-{name}") for name, coro in (
-            ("worker", self.worker.run()), ("webhooks", self.webhooks.run()), ("janitor", self.janitor.run()))]
+        self._tasks = [
+            asyncio.create_task(coro, name=f"ocrserve-jobs-{name}")
+            for name, coro in (
+                ("worker", self.worker.run()),
+                ("webhooks", self.webhooks.run()),
+                ("janitor", self.janitor.run()),
+            )
+        ]
         for task in self._tasks:
             task.add_done_callback(_log_crash)
 
@@ -69,8 +84,8 @@ class Jobs:
         gateways drop theirs at their next heartbeat)."""
         job = await self.store.cancel(job_id)
         self.worker.drop_job(job_id)
-        if job is not None and job.status == CANCELLED:
-            metrics.JOBS_FINISHED.labels(CANCELLED).inc()
+        if job is not None and job.status == JobStatus.CANCELLED:
+            metrics.JOBS_FINISHED.labels(JobStatus.CANCELLED).inc()
             self.webhooks.wake()
         return job
 
@@ -83,6 +98,10 @@ class Jobs:
         except Exception:
             log.warning("job %s: results not cached", job_id, exc_info=True)
 
+    def _read_results(self, records: list[PageRecord]) -> list[dict]:
+        """The stored page results of ``records`` (blocking file reads)."""
+        return [self.data.read_json(r.result_path) for r in records]
+
     async def _cache_documents(self, job_id: str) -> None:
         job = await self.store.get(job_id)
         if job is None or not self.cache.enabled:
@@ -90,8 +109,8 @@ class Jobs:
         records = await self.store.pages(job_id)
         for number, document in enumerate(job.documents):
             mine = [r for r in records if r.document == number]
-            if all(r.state == PAGE_DONE for r in mine):
-                pages = await asyncio.to_thread(lambda: [self.data.read_json(r.result_path) for r in mine])
+            if all(r.state == PageState.DONE for r in mine):
+                pages = await asyncio.to_thread(self._read_results, mine)
                 await self.cache.put(document.cache_key, pages)
 
 

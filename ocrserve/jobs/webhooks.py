@@ -13,8 +13,9 @@ under the secret, so a receiver can check both origin and freshness (refusing ol
 stops replays). Verify with :func:`signature` and a constant-time comparison.
 
 Delivery: at least once. A due webhook is claimed from the store with a lease (so one gateway
-sends it, and another takes over if that one dies), sent with exponential backoff (tenacity) on
-connection errors, timeouts, 408, 429 and 5xx, up to ``jobs.webhook_attempts`` calls.
+sends it, and another takes over if that one dies), sent with exponential back-off
+(:func:`ocrserve.backoff.retrying`) on connection errors, timeouts, 408, 429 and 5xx, up to
+``jobs.webhook_attempts`` calls.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ import time
 from urllib.parse import urlsplit
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import retry_if_exception_type
 
-from ocrserve import metrics
+from ocrserve import backoff, metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
-from ocrserve.store.records import Job
 from ocrserve.jobs.results import job_status
 from ocrserve.store.base import JobStore
+from ocrserve.store.records import Job
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Ocrserve-Signature"
@@ -72,8 +73,9 @@ async def check_webhook_url(url: str, cfg: JobsConfig) -> str:
     host = parts.hostname
     if not host_allowed(host, cfg.webhook_allow_hosts):
         allowed = ", ".join(cfg.webhook_allow_hosts) or "none: the list is empty"
-        raise BadRequest(f"webhook_url host {host!r} is not on jobs.webhook_allow_hosts ({allowed})",
-                         slug="webhook-refused")
+        raise BadRequest(
+            f"webhook_url host {host!r} is not on jobs.webhook_allow_hosts ({allowed})", slug="webhook-refused"
+        )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -85,7 +87,9 @@ async def check_webhook_url(url: str, cfg: JobsConfig) -> str:
             if not address.is_global:
                 raise BadRequest(
                     f"webhook_url host {host!r} resolves to {address}, a loopback, private or link-local address; "
-                    "set jobs.webhook_allow_private=true to allow it", slug="webhook-refused")
+                    "set jobs.webhook_allow_private=true to allow it",
+                    slug="webhook-refused",
+                )
     return url
 
 
@@ -168,10 +172,11 @@ class WebhookSender:
             return "refused"
         body = json.dumps(await job_status(self.store, job), separators=(",", ":")).encode()
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_Retry), stop=stop_after_attempt(self.cfg.webhook_attempts),
-                wait=wait_exponential(multiplier=self.cfg.webhook_backoff_s, max=self.cfg.webhook_backoff_max_s),
-                reraise=True,
+            async for attempt in backoff.retrying(
+                self.cfg.webhook_attempts,
+                self.cfg.webhook_backoff_s,
+                self.cfg.webhook_backoff_max_s,
+                retry_if_exception_type(_Retry),
             ):
                 with attempt:
                     await self._post(job, body)

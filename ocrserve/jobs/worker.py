@@ -6,17 +6,20 @@ One claim loop and one heartbeat loop per gateway:
   in the router's bulk lane (``router.admit("bulk", 1)``; when the lane is full it waits
   ``jobs.poll_interval_s`` and tries again; a page is never failed for that), then claims one page
   (higher-priority jobs first). The page is decoded from the stored upload by the app's
-  :class:`~ocrserve.preprocess.Preprocessor`, submitted with :meth:`~ocrserve.router.Router.submit`,
-  its result written to the data folder and the page completed in the store.
+  :class:`~ocrserve.preprocess.Preprocessor` and run by the same
+  :class:`~ocrserve.pipeline.PagePipeline` as synchronous pages, under a
+  :class:`~ocrserve.work.WorkItem` carrying the job's priority (:meth:`~ocrserve.work.Priority.of_job`:
+  it orders the page in the bulk lane and in the engine) and its deadline; its result is written to
+  the data folder and the page completed in the store.
 - **heartbeat**: every third of ``jobs.lease_s`` it renews the leases of the pages it holds; a
   page it has lost (cancelled, or re-claimed by another gateway after a stall) is abandoned, which
   drops it from the router's queue if it has not reached the engine.
 
-Failures: a transient one (``PageError.transient``, the engine unavailable, a deadline passed in
-the queue, an unexpected exception) sends the page back to the queue after
+Failures: a transient one (``PageError.transient``, the engine unavailable, the lane's default
+deadline passed, an unexpected exception) sends the page back to the queue after
 ``retry_backoff_s * 2**(attempts-1)`` (at most ``retry_backoff_max_s``) until ``jobs.max_attempts``
-claims; then, or at once for a permanent failure (an undecodable or too-large page), the page
-fails. Claims cut short by a crash count as attempts too, so a page that kills its gateway
+claims; then, or at once for a permanent failure (an undecodable or too-large page, the job's own
+deadline passed), the page fails. Claims cut short by a crash count as attempts too, so a page that kills its gateway
 cannot do so forever. An unexpected exception (the decoding processes gone, an engine bug) also
 pauses this worker's claims, doubling while it recurs, so a broken gateway does not spend the
 attempts of every page in a shared store.
@@ -31,18 +34,18 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ocrserve import metrics
+from ocrserve import backoff, metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
-from ocrserve.engines.base import PageError
-from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Overloaded, Problem
-from ocrserve.store.files import DataDir
-from ocrserve.store.records import PAGE_DONE, PAGE_FAILED, Document, PageOutcome, PageTask
-from ocrserve.store.base import JobStore
+from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
 from ocrserve.pages import Page
+from ocrserve.pipeline import Attempt, PagePipeline, failed_page
 from ocrserve.preprocess import PageFailure, Preprocessor
 from ocrserve.router import BULK, Reservation, Router
-from ocrserve.service import page_problem, with_timings
+from ocrserve.store.base import JobStore
+from ocrserve.store.files import DataDir
+from ocrserve.store.records import Document, Job, PageOutcome, PageState, PageTask
+from ocrserve.work import Deadline, Priority, WorkItem
 
 log = logging.getLogger(__name__)
 #: Seconds between checks that the engine is ready again, before a claim.
@@ -51,7 +54,7 @@ READY_POLL_S = 0.2
 
 def retry_delay(attempts: int, cfg: JobsConfig) -> float:
     """Seconds a page waits before its next try after ``attempts`` claims (exponential, capped)."""
-    return min(cfg.retry_backoff_s * 2 ** (attempts - 1), cfg.retry_backoff_max_s)
+    return backoff.delay(attempts, cfg.retry_backoff_s, cfg.retry_backoff_max_s)
 
 
 class Worker:
@@ -65,12 +68,21 @@ class Worker:
         on_end: awaited with ``(job_id, status)`` when a completion here ends a job.
     """
 
-    def __init__(self, store: JobStore, data: DataDir, preprocessor: Preprocessor, router: Router, cfg: JobsConfig,
-                 owner: str, on_end: Callable[[str, str], Awaitable[None]]):
+    def __init__(
+        self,
+        store: JobStore,
+        data: DataDir,
+        preprocessor: Preprocessor,
+        router: Router,
+        cfg: JobsConfig,
+        owner: str,
+        on_end: Callable[[str, str], Awaitable[None]],
+    ):
         self.store = store
         self.data = data
         self.preprocessor = preprocessor
         self.router = router
+        self.pipeline = PagePipeline(router)
         self.cfg = cfg
         self.owner = owner
         self.on_end = on_end
@@ -78,7 +90,7 @@ class Worker:
         self._room = asyncio.Semaphore(self.concurrency)
         self._active: dict[asyncio.Task, PageTask] = {}
         self._alarm = Alarm()
-        self._pause_s = 0.0  # current pause after unexpected failures; 0 once a page succeeds
+        self._failures = 0  # unexpected failures in a row; 0 once a page gets through
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
 
     def wake(self) -> None:
@@ -88,8 +100,8 @@ class Worker:
     def _pause(self) -> None:
         """Stop claiming for a while after an unexpected failure (``retry_backoff_s``, doubling up to
         ``retry_backoff_max_s``), so that a broken gateway spends few pages' attempts."""
-        self._pause_s = min(self._pause_s * 2 or self.cfg.retry_backoff_s, self.cfg.retry_backoff_max_s)
-        self._paused_until = time.monotonic() + self._pause_s
+        self._failures += 1
+        self._paused_until = time.monotonic() + retry_delay(self._failures, self.cfg)
 
     def drop_job(self, job_id: str) -> None:
         """Abandon this worker's pages of a cancelled job (queued ones never reach the engine)."""
@@ -182,36 +194,46 @@ class Worker:
         job = await self.store.get(claim.job_id)
         if job is None or job.terminal:
             return  # cancelled (or deleted) after the claim
-        result, problem, transient = await self._try(claim, job.documents[claim.document], reservation)
-        if problem is not None and transient and claim.attempts < self.cfg.max_attempts:
+        attempt = await self._try(claim, job, reservation)
+        if attempt.problem is not None and attempt.transient and claim.attempts < self.cfg.max_attempts:
             if await self.store.retry_later(claim, retry_delay(claim.attempts, self.cfg)):
                 metrics.JOB_PAGES.labels("retried").inc()
             return
-        await self._complete(claim, result, problem)
+        await self._complete(claim, attempt)
 
-    async def _try(self, claim: PageTask, document: Document,
-                   reservation: Reservation) -> tuple[dict | None, Problem | None, bool]:
+    def work_item(self, job: Job) -> WorkItem:
+        """The scheduling terms of ``job``'s pages: the bulk lane, the job's priority mapped to the
+        engine's convention (:meth:`Priority.of_job`), and its deadline if it has one."""
+        priority = Priority.of_job(job.priority, self.cfg.max_priority, self.router.cfg.bulk.priority)
+        return WorkItem(deadline=Deadline.at_unix(job.deadline) if job.deadline else None, priority=priority, lane=BULK)
+
+    async def _try(self, claim: PageTask, job: Job, reservation: Reservation) -> Attempt:
         """:meth:`_attempt`, unless the page has had its tries; an unexpected failure is transient
         and pauses claims."""
         if claim.attempts > self.cfg.max_attempts:  # earlier claims died with their gateway
-            return None, EngineFailed(
-                f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"), False
+            problem = EngineFailed(
+                f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"
+            )
+            return Attempt(failed_page(claim.index, problem), problem)
         try:
-            outcome = await self._attempt(claim, document, reservation)
+            attempt = await self._attempt(claim, job, reservation)
         except Exception as exc:  # this gateway misbehaves (decoding processes gone, an engine bug)
             log.exception("job %s page %d: unexpected failure; pausing claims", claim.job_id, claim.seq)
             self._pause()
-            return None, EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}"), True
-        self._pause_s = 0.0
-        return outcome
+            problem = EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}")
+            return Attempt(failed_page(claim.index, problem), problem, transient=True)
+        self._failures = 0
+        return attempt
 
-    async def _complete(self, claim: PageTask, result: dict | None, problem: Problem | None) -> None:
+    async def _complete(self, claim: PageTask, attempt: Attempt) -> None:
         """Save the page's result and finish it in the store, unless someone else already has."""
-        if problem is None:
-            path = await asyncio.to_thread(self.data.write_page, claim.job_id, claim.seq, claim.token, result)
-            outcome = PageOutcome(PAGE_DONE, path)
+        if attempt.problem is None:
+            path = await asyncio.to_thread(
+                self.data.write_page, claim.job_id, claim.seq, claim.token, attempt.result.to_dict()
+            )
+            outcome = PageOutcome(PageState.DONE, path)
         else:
-            outcome = PageOutcome(PAGE_FAILED, error=problem.to_dict() | {"attempts": claim.attempts})
+            outcome = PageOutcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
         completion = await self.store.complete(claim, outcome)
         if not completion.counted:
             metrics.JOB_PAGES.labels("duplicate").inc()
@@ -219,33 +241,28 @@ class Worker:
                 await asyncio.to_thread(self.data.remove, outcome.result_path)
             return
         metrics.JOB_PAGES.labels(outcome.state).inc()
-        metrics.PAGES.labels("ok" if problem is None else "failed").inc()
+        self.pipeline.finished(attempt)
         if completion.ended:
             await self.on_end(claim.job_id, completion.ended)
 
-    async def _attempt(self, claim: PageTask, document: Document,
-                       reservation: Reservation) -> tuple[dict | None, Problem | None, bool]:
-        """Decode and OCR one page: ``(result, None, False)``, or ``(None, problem, transient)``.
+    async def _attempt(self, claim: PageTask, job: Job, reservation: Reservation) -> Attempt:
+        """Decode and OCR one page through the page pipeline.
 
         Raises:
             Exception: anything but a page's own failure (a broken decoding pool, an engine bug).
         """
+        work = self.work_item(job)
+        if work.deadline is not None and work.deadline.passed():
+            problem = DeadlinePassed(f"page {claim.index + 1}: the job's deadline passed before it ran")
+            reservation.release(1)
+            return Attempt(failed_page(claim.index, problem), problem)
+        source = self.data.upload_path(claim.job_id, claim.document)
         try:
-            page = await self._decode(self.data.upload_path(claim.job_id, claim.document), document, claim.index)
+            page = await self._decode(source, job.documents[claim.document], claim.index)
         except Problem as problem:
-            return None, problem, False
-        if isinstance(page, PageFailure):
-            return None, page.problem, False
-        metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
-        queued = time.perf_counter()
-        try:
-            result = await self.router.submit(page, reservation)
-        except PageError as exc:
-            return None, page_problem(claim.index, exc), exc.transient
-        except (DeadlinePassed, EngineUnavailable) as problem:
-            return None, problem, True
-        metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
-        return with_timings(result, page, queued).to_dict(), None, False
+            reservation.release(1)
+            return Attempt(failed_page(claim.index, problem), problem)
+        return await self.pipeline.run(page, reservation, work)
 
     async def _decode(self, source: Path, document: Document, index: int) -> Page | PageFailure:
         """The page ``index`` of a stored upload, or its :class:`PageFailure`.

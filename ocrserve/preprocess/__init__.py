@@ -31,8 +31,8 @@ from PIL import Image, ImageCms, ImageOps, ImageSequence, UnidentifiedImageError
 
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, Problem, UnsupportedMedia
-from ocrserve.models import smart_resize
 from ocrserve.pages import Page
+from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
 # would raise a generic error at twice its default of 89.5 Mpx.
@@ -101,7 +101,7 @@ def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int
     """The normalized ``(width, height)`` for a page of ``width x height`` client pixels.
 
     ``cfg.max_side`` (when non-zero) first shrinks the page so its longer side fits, then
-    :func:`~ocrserve.models.smart_resize` (Qwen2-VL's rule) applies the pixel budget.
+    :func:`~ocrserve.preprocess.geometry.smart_resize` (Qwen2-VL's rule) applies the pixel budget.
 
     Raises:
         PayloadTooLarge: aspect ratio above :data:`MAX_ASPECT_RATIO`.
@@ -114,15 +114,6 @@ def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int
         width, height = width * shrink, height * shrink
     h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
     return w, h
-
-
-def visual_tokens(width: int, height: int, factor: int) -> int:
-    """Visual tokens a Qwen2-VL-style encoder spends on a ``width x height`` image.
-
-    One token per ``factor x factor`` block (14-px patches merged 2x2 gives 28; Qwen2-VL paper,
-    arXiv:2409.12191, section 2.1). Both sides are multiples of ``factor`` after normalization.
-    """
-    return (width // factor) * (height // factor)
 
 
 _PAGE_RANGE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
@@ -310,8 +301,12 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
     if rgb.size != (out_w, out_h):
         rgb = rgb.resize((out_w, out_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
     return Page(
-        index=index, image=np.asarray(rgb), width=width, height=height,
-        visual_tokens=visual_tokens(out_w, out_h, cfg.factor), preprocess_s=time.perf_counter() - started,
+        index=index,
+        image=np.asarray(rgb),
+        width=width,
+        height=height,
+        visual_tokens=visual_tokens(out_h, out_w, cfg.factor),
+        preprocess_s=time.perf_counter() - started,
     )
 
 
@@ -334,8 +329,12 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     if rendered.size != (out_w, out_h):
         rendered = rendered.resize((out_w, out_h), Image.Resampling.LANCZOS)
     return Page(
-        index=index, image=np.asarray(rendered), width=width, height=height,
-        visual_tokens=visual_tokens(out_w, out_h, cfg.factor), preprocess_s=time.perf_counter() - started,
+        index=index,
+        image=np.asarray(rendered),
+        width=width,
+        height=height,
+        visual_tokens=visual_tokens(out_h, out_w, cfg.factor),
+        preprocess_s=time.perf_counter() - started,
     )
 
 
@@ -397,7 +396,7 @@ class Preprocessor:
             UnsupportedMedia: the decoder crashed twice on this document (415).
         """
         loop = asyncio.get_running_loop()
-        for attempt in range(2):
+        for _attempt in range(2):
             pool = self._pool
             try:
                 return await loop.run_in_executor(pool, fn, *args)
@@ -418,7 +417,7 @@ class Preprocessor:
 
         Chunks are decoded in parallel, at most one per worker ahead of the consumer.
         """
-        chunks = [list(indices[i:i + PAGES_PER_TASK]) for i in range(0, len(indices), PAGES_PER_TASK)]
+        chunks = [list(indices[i : i + PAGES_PER_TASK]) for i in range(0, len(indices), PAGES_PER_TASK)]
         pending: list[asyncio.Future] = []
         try:
             for chunk in chunks:

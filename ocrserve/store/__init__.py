@@ -23,7 +23,7 @@ def sqlite_path(url: str, data_dir: Path) -> Path:
         return data_dir / "jobs.db"
     if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
         raise ValueError(f"store.url={url!r}: expected sqlite:///path.db or redis://host:port/db")
-    return Path(url[len("sqlite:///"):])
+    return Path(url[len("sqlite:///") :])
 
 
 def open_store(cfg: StoreConfig) -> JobStore:

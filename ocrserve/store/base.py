@@ -34,8 +34,9 @@ class JobStore(abc.ABC):
     """
 
     @abc.abstractmethod
-    async def create(self, job: Job, idempotency_key: str = "",
-                     finished: dict[int, PageOutcome] | None = None) -> tuple[Job, bool]:
+    async def create(
+        self, job: Job, idempotency_key: str = "", finished: dict[int, PageOutcome] | None = None
+    ) -> tuple[Job, bool]:
         """Store a new job with its pages queued.
 
         Args:

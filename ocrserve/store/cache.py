@@ -18,8 +18,8 @@ import logging
 
 from ocrserve import metrics
 from ocrserve.config import PreprocessConfig
-from ocrserve.store.files import DataDir
 from ocrserve.store.base import JobStore
+from ocrserve.store.files import DataDir
 
 #: Preprocessing settings that change the pixels a model sees, hence the result.
 NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi")
@@ -59,8 +59,11 @@ class DedupCache:
         """The cache key of a document's pages ``indices`` ("" with the cache off)."""
         if not self.enabled:
             return ""
-        canonical = json.dumps({"sha256": sha256, "pages": list(indices), "model": self.model,
-                                "normalization": self._normalization}, sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(
+            {"sha256": sha256, "pages": list(indices), "model": self.model, "normalization": self._normalization},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     async def get(self, key: str) -> list[dict] | None:

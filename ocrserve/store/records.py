@@ -8,19 +8,54 @@ sharing a store agrees on leases and retention.
 
 from __future__ import annotations
 
+import enum
+import sys
 from dataclasses import asdict, dataclass, field
 
 from ocrserve.preprocess import DocumentInfo
 
-QUEUED, RUNNING = "queued", "running"
-SUCCEEDED, FAILED, PARTIAL, CANCELLED = "succeeded", "failed", "partial", "cancelled"
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` for Python 3.10: members are ``str``, and ``str()`` and ``format()`` give
+        the value (``f"{JobStatus.QUEUED}"`` is ``"queued"``, as on 3.11+)."""
+
+        def __str__(self) -> str:
+            return self.value
+
+        def __format__(self, spec: str) -> str:
+            return format(self.value, spec)
+
+
+class JobStatus(StrEnum):
+    """A job's status. Members are the plain strings the stores keep and the API reports, so JSON
+    dumps them as such and a stored ``"queued"`` equals ``JobStatus.QUEUED``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PARTIAL = "partial"
+    CANCELLED = "cancelled"
+
+
+class PageState(StrEnum):
+    """A page's state: waiting (or waiting to be retried), claimed, and the three final ones."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 #: Statuses a job never leaves.
-TERMINAL = frozenset({SUCCEEDED, FAILED, PARTIAL, CANCELLED})
-#: Page states: waiting (or waiting to be retried), claimed, and the three final ones.
-PAGE_QUEUED, PAGE_RUNNING, PAGE_DONE, PAGE_FAILED, PAGE_CANCELLED = "queued", "running", "done", "failed", "cancelled"
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED})
 
 
-def page_event(seq: int, document: int, index: int, outcome: "PageOutcome") -> dict:
+def page_event(seq: int, document: int, index: int, outcome: PageOutcome) -> dict:
     """The event a finished page appends to its job's log; the store adds ``pages_done`` (pages
     finished so far, this one included) and ``pages_total``."""
     event = {"page": seq, "document": document, "index": index, "state": outcome.state}
@@ -29,11 +64,11 @@ def page_event(seq: int, document: int, index: int, outcome: "PageOutcome") -> d
     return event
 
 
-def final_status(pages_ok: int, pages_failed: int) -> str:
+def final_status(pages_ok: int, pages_failed: int) -> JobStatus:
     """The status of a job whose every page has finished."""
     if not pages_failed:
-        return SUCCEEDED
-    return FAILED if not pages_ok else PARTIAL
+        return JobStatus.SUCCEEDED
+    return JobStatus.FAILED if not pages_ok else JobStatus.PARTIAL
 
 
 @dataclass
@@ -62,11 +97,21 @@ class Document:
     cached: bool = False
 
     @classmethod
-    def from_info(cls, name: str, sha256: str, size: int, info: DocumentInfo, indices: list[int],
-                  cache_key: str = "") -> "Document":
+    def from_info(
+        cls, name: str, sha256: str, size: int, info: DocumentInfo, indices: list[int], cache_key: str = ""
+    ) -> Document:
         """A document record from what the preprocessor learned about it."""
-        return cls(name, sha256, size, info.kind, info.page_count, [list(s) for s in info.sizes],
-                   list(info.frames), list(indices), cache_key)
+        return cls(
+            name,
+            sha256,
+            size,
+            info.kind,
+            info.page_count,
+            [list(s) for s in info.sizes],
+            list(info.frames),
+            list(indices),
+            cache_key,
+        )
 
     def info(self) -> DocumentInfo:
         """The :class:`~ocrserve.preprocess.DocumentInfo` to decode its pages with."""
@@ -87,10 +132,11 @@ class Job:
         webhook_url: called when the job ends ("" for none).
         request_hash: sha256 of the request (files and parameters), for ``Idempotency-Key``.
         pages_ok, pages_failed: finished pages by outcome, each counted once.
+        deadline: Unix seconds by which its pages must be done (the submission's ``timeout``), 0 for none.
     """
 
     id: str
-    status: str
+    status: JobStatus
     priority: int
     created: float
     documents: list[Document]
@@ -100,6 +146,7 @@ class Job:
     pages_ok: int = 0
     pages_failed: int = 0
     finished: float = 0.0
+    deadline: float = 0.0
 
     @property
     def pages_total(self) -> int:
@@ -125,9 +172,11 @@ class Job:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Job":
+    def from_json(cls, data: dict) -> Job:
         """The job :meth:`to_json` wrote."""
-        return cls(**{**data, "documents": [Document(**d) for d in data["documents"]]})
+        return cls(
+            **{**data, "status": JobStatus(data["status"]), "documents": [Document(**d) for d in data["documents"]]}
+        )
 
 
 @dataclass
@@ -153,7 +202,7 @@ class PageTask:
 class PageOutcome:
     """How a page ended: ``done`` with its result file, or ``failed`` with a problem object."""
 
-    state: str
+    state: PageState
     result_path: str = ""
     error: dict | None = None
 
@@ -165,7 +214,7 @@ class PageRecord:
     seq: int
     document: int
     index: int
-    state: str
+    state: PageState
     attempts: int = 0
     result_path: str = ""
     error: dict | None = None
@@ -182,7 +231,7 @@ class Completion:
     """
 
     counted: bool
-    ended: str = ""
+    ended: JobStatus | str = ""
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The shared job store: Redis (redis-py, asyncio), for several gateway replicas sharing the work.
 
-Every state change is one Lua script, so it is atomic, and leases use the Redis server's clock
-(``TIME``), so replicas with skewed clocks still agree. Keys, under ``store.key_prefix`` (``P``):
+Every state change is one Lua script (``lua/<name>.lua`` beside this module), so it is atomic,
+and leases use the Redis server's clock (``TIME``), so replicas with skewed clocks still agree.
+Keys, under ``store.key_prefix`` (``P``):
 
 | key | type | what |
 |---|---|---|
@@ -19,216 +20,47 @@ Every state change is one Lua script, so it is atomic, and leases use the Redis 
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
+from importlib import resources
 
 import redis.asyncio as aioredis
 
-from ocrserve.store.records import Completion, Event, Job, PageOutcome, PageRecord, PageTask, page_event
 from ocrserve.store.base import IdempotencyConflict, JobStore
+from ocrserve.store.records import (
+    Completion,
+    Event,
+    Job,
+    JobStatus,
+    PageOutcome,
+    PageRecord,
+    PageState,
+    PageTask,
+    page_event,
+)
 
 #: Seconds of ``created`` are scaled by this into a job's rank (ms resolution).
 RANK_SCALE = 1000
 #: Rank distance between adjacent priorities: larger than any ``created`` in ms (until year 2286).
 PRIORITY_STEP = 10**13
 
-# Shared by the scripts below: the Redis server's clock, and how a page is finished.
-_COMMON = r"""
-local P = ARGV[1]
-local T = redis.call('TIME')
-local now = tonumber(T[1]) + tonumber(T[2]) / 1e6
-local TERMINAL = {succeeded = true, failed = true, partial = true, cancelled = true}
-local OPEN = {queued = true, running = true}
+#: The Lua scripts, by name: ``lua/<name>.lua`` (package data), each run after ``lua/common.lua``.
+SCRIPTS = ("create", "claim", "renew", "complete", "requeue", "cancel", "claim_webhook", "delete", "cache_add")
+#: Shared by the scripts: the Redis server's clock, and how a page is finished.
+COMMON = "common"
 
-local function unclaim(member)
-  redis.call('ZREM', P .. ':ready', member)
-  redis.call('ZREM', P .. ':delayed', member)
-  redis.call('ZREM', P .. ':leases', member)
-end
 
-local function job_ended(job, status)
-  local jkey = P .. ':job:' .. job
-  redis.call('HSET', jkey, 'status', status, 'finished', tostring(now))
-  redis.call('ZADD', P .. ':finished', now, job)
-  if redis.call('HGET', jkey, 'webhook') == '1' then redis.call('ZADD', P .. ':webhooks', now, job) end
-end
+@functools.cache
+def lua_source(name: str) -> str:
+    """The source Redis runs for script ``name``: ``lua/common.lua``, then ``lua/<name>.lua``.
 
--- Finish page `seq` of `job` unless it (or its job) already has; returns {counted, ended status}.
-local function finish(job, seq, member, outcome, event)
-  local jkey, pkey = P .. ':job:' .. job, P .. ':page:' .. job
-  local status = redis.call('HGET', jkey, 'status')
-  local raw = redis.call('HGET', pkey, seq)
-  if not status or not raw or TERMINAL[status] then return {0, ''} end
-  local page = cjson.decode(raw)
-  if not OPEN[page.state] then return {0, ''} end
-  page.state, page.result_path, page.error, page.owner, page.token = outcome.state, outcome.result_path, outcome.error, nil, nil
-  redis.call('HSET', pkey, seq, cjson.encode(page))
-  unclaim(member)
-  redis.call('HINCRBY', jkey, outcome.state == 'failed' and 'pages_failed' or 'pages_ok', 1)
-  local ok = tonumber(redis.call('HGET', jkey, 'pages_ok'))
-  local failed = tonumber(redis.call('HGET', jkey, 'pages_failed'))
-  local total = tonumber(redis.call('HGET', jkey, 'pages_total'))
-  event.pages_done, event.pages_total = ok + failed, total
-  redis.call('RPUSH', P .. ':events:' .. job, cjson.encode(event))
-  if ok + failed < total then
-    redis.call('HSET', jkey, 'status', 'running')
-    return {1, ''}
-  end
-  -- the rule of ocrserve.store.records.final_status
-  local ended = (failed == 0 and 'succeeded') or (ok == 0 and 'failed') or 'partial'
-  job_ended(job, ended)
-  return {1, ended}
-end
-"""
-
-_CREATE = _COMMON + r"""
-local a = cjson.decode(ARGV[2])
-if a.key ~= '' then
-  local earlier = redis.call('GET', P .. ':idem:' .. a.key)
-  if earlier then return {0, earlier} end
-  redis.call('SET', P .. ':idem:' .. a.key, a.id)
-end
-local jkey, pkey = P .. ':job:' .. a.id, P .. ':page:' .. a.id
-redis.call('HSET', jkey, 'spec', a.spec, 'status', 'queued', 'rank', a.rank, 'pages_total', #a.pages,
-           'pages_ok', 0, 'pages_failed', 0, 'finished', 0, 'webhook', a.webhook, 'idem', a.key)
-for i, ref in ipairs(a.pages) do
-  redis.call('HSET', pkey, i - 1, cjson.encode({document = ref[1], index = ref[2], state = 'queued', attempts = 0}))
-end
-for _, f in ipairs(a.finished) do
-  finish(a.id, tostring(f[1]), string.format('%s:%06d', a.id, f[1]), f[2], f[3])
-end
-for i = 1, #a.pages do
-  if cjson.decode(redis.call('HGET', pkey, i - 1)).state == 'queued' then
-    redis.call('ZADD', P .. ':ready', a.rank, string.format('%s:%06d', a.id, i - 1))
-  end
-end
-return {1, a.id}
-"""
-
-_CLAIM = _COMMON + r"""
-local owner, lease, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local function requeue_due(zset)
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now)) do
-    redis.call('ZREM', zset, m)
-    local rank = redis.call('HGET', P .. ':job:' .. string.match(m, '^(.-):'), 'rank')
-    if rank then redis.call('ZADD', P .. ':ready', rank, m) end
-  end
-end
-requeue_due(P .. ':leases')   -- claims whose holder stopped renewing
-requeue_due(P .. ':delayed')  -- retries whose backoff is over
-local out = {}
-while #out < limit do
-  local popped = redis.call('ZPOPMIN', P .. ':ready')
-  if #popped == 0 then break end
-  local m = popped[1]
-  local job, seq = string.match(m, '^(.-):(%d+)$')
-  seq = tostring(tonumber(seq))
-  local jkey, pkey = P .. ':job:' .. job, P .. ':page:' .. job
-  local status = redis.call('HGET', jkey, 'status')
-  local raw = redis.call('HGET', pkey, seq)
-  if status and raw and OPEN[status] then
-    local page = cjson.decode(raw)
-    if OPEN[page.state] then
-      page.state, page.attempts, page.owner, page.token = 'running', page.attempts + 1, owner, ARGV[5 + #out]
-      redis.call('HSET', pkey, seq, cjson.encode(page))
-      redis.call('ZADD', P .. ':leases', now + lease, m)
-      if status == 'queued' then redis.call('HSET', jkey, 'status', 'running') end
-      table.insert(out, {job, tonumber(seq), page.document, page.index, page.attempts, page.token})
-    end
-  end
-end
-return out
-"""
-
-_RENEW = _COMMON + r"""
-local lease = tonumber(ARGV[2])
-local lost = {}
-for i = 3, #ARGV, 3 do
-  local job, seq, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local raw = redis.call('HGET', P .. ':page:' .. job, seq)
-  local page = raw and cjson.decode(raw)
-  local m = string.format('%s:%06d', job, tonumber(seq))
-  if page and page.state == 'running' and page.token == token then
-    redis.call('ZREM', P .. ':ready', m)  -- lapsed and requeued, but its holder is alive after all
-    redis.call('ZADD', P .. ':leases', now + lease, m)
-  else
-    table.insert(lost, (i - 3) / 3)
-  end
-end
-return lost
-"""
-
-_COMPLETE = _COMMON + r"""
-return finish(ARGV[2], ARGV[3], string.format('%s:%06d', ARGV[2], tonumber(ARGV[3])), cjson.decode(ARGV[4]),
-              cjson.decode(ARGV[5]))
-"""
-
-_REQUEUE = _COMMON + r"""
-local job, seq, token, delay, uncount = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local pkey = P .. ':page:' .. job
-local raw = redis.call('HGET', pkey, seq)
-local page = raw and cjson.decode(raw)
-if not page or page.state ~= 'running' or page.token ~= token then return 0 end
-page.state, page.attempts, page.owner, page.token = 'queued', page.attempts - uncount, nil, nil
-redis.call('HSET', pkey, seq, cjson.encode(page))
-local m = string.format('%s:%06d', job, tonumber(seq))
-unclaim(m)
-if delay > 0 then
-  redis.call('ZADD', P .. ':delayed', now + delay, m)
-else
-  redis.call('ZADD', P .. ':ready', redis.call('HGET', P .. ':job:' .. job, 'rank'), m)
-end
-return 1
-"""
-
-_CANCEL = _COMMON + r"""
-local job = ARGV[2]
-local jkey, pkey = P .. ':job:' .. job, P .. ':page:' .. job
-local status = redis.call('HGET', jkey, 'status')
-if not status then return 0 end
-if TERMINAL[status] then return 1 end
-local pages = redis.call('HGETALL', pkey)
-for i = 1, #pages, 2 do
-  local page = cjson.decode(pages[i + 1])
-  if OPEN[page.state] then
-    page.state, page.owner, page.token = 'cancelled', nil, nil
-    redis.call('HSET', pkey, pages[i], cjson.encode(page))
-    unclaim(string.format('%s:%06d', job, tonumber(pages[i])))
-  end
-end
-job_ended(job, 'cancelled')
-return 1
-"""
-
-_CLAIM_WEBHOOK = _COMMON + r"""
-local due = redis.call('ZRANGEBYSCORE', P .. ':webhooks', '-inf', now, 'LIMIT', 0, 1)
-if #due == 0 then return false end
-redis.call('ZADD', P .. ':webhooks', now + tonumber(ARGV[2]), due[1])
-return due[1]
-"""
-
-_DELETE = _COMMON + r"""
-local job = ARGV[2]
-local idem = redis.call('HGET', P .. ':job:' .. job, 'idem')
-if idem and idem ~= '' then redis.call('DEL', P .. ':idem:' .. idem) end
-redis.call('DEL', P .. ':job:' .. job, P .. ':page:' .. job, P .. ':events:' .. job)
-redis.call('ZREM', P .. ':finished', job)
-redis.call('ZREM', P .. ':webhooks', job)
-return 1
-"""
-
-_CACHE_ADD = _COMMON + r"""
-local key, max = ARGV[2], tonumber(ARGV[3])
-redis.call('ZADD', P .. ':cache', now, key)
-local excess = redis.call('ZCARD', P .. ':cache') - max
-local evicted = {}
-if excess > 0 then
-  local popped = redis.call('ZPOPMIN', P .. ':cache', excess)
-  for i = 1, #popped, 2 do table.insert(evicted, popped[i]) end
-end
-return evicted
-"""
+    Raises:
+        FileNotFoundError: no such script.
+    """
+    folder = resources.files("ocrserve.store") / "lua"
+    return "\n".join((folder / f"{part}.lua").read_text(encoding="utf-8") for part in (COMMON, name))
 
 
 def member(job_id: str, seq: int) -> str:
@@ -252,10 +84,7 @@ class RedisStore(JobStore):
     def __init__(self, url: str, prefix: str = "ocrserve"):
         self.prefix = prefix
         self._redis = aioredis.Redis.from_url(url, decode_responses=True)
-        scripts = {"create": _CREATE, "claim": _CLAIM, "renew": _RENEW, "complete": _COMPLETE,
-                   "requeue": _REQUEUE, "cancel": _CANCEL, "claim_webhook": _CLAIM_WEBHOOK, "delete": _DELETE,
-                   "cache_add": _CACHE_ADD}
-        self._scripts = {name: self._redis.register_script(source) for name, source in scripts.items()}
+        self._scripts = {name: self._redis.register_script(lua_source(name)) for name in SCRIPTS}
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -267,8 +96,12 @@ class RedisStore(JobStore):
         refs = job.page_refs()
         finished = finished or {}
         payload = {
-            "id": job.id, "key": idempotency_key, "spec": json.dumps(job.to_json()), "rank": rank(job.priority, job.created),
-            "webhook": "1" if job.webhook_url else "0", "pages": [list(r) for r in refs],
+            "id": job.id,
+            "key": idempotency_key,
+            "spec": json.dumps(job.to_json()),
+            "rank": rank(job.priority, job.created),
+            "webhook": "1" if job.webhook_url else "0",
+            "pages": [list(r) for r in refs],
             "finished": [[seq, _outcome(o), page_event(seq, *refs[seq], o)] for seq, o in sorted(finished.items())],
         }
         created, job_id = await self._run("create", json.dumps(payload))
@@ -277,7 +110,8 @@ class RedisStore(JobStore):
         earlier = await self.get(job_id)
         if earlier is None or earlier.request_hash != job.request_hash:
             raise IdempotencyConflict(
-                f"Idempotency-Key {idempotency_key!r} was used for job {job_id} with a different request")
+                f"Idempotency-Key {idempotency_key!r} was used for job {job_id} with a different request"
+            )
         return earlier, False
 
     async def get(self, job_id):
@@ -286,7 +120,11 @@ class RedisStore(JobStore):
             return None
         job = Job.from_json(json.loads(fields["spec"]))
         job.status, job.pages_ok, job.pages_failed, job.finished = (
-            fields["status"], int(fields["pages_ok"]), int(fields["pages_failed"]), float(fields["finished"]))
+            JobStatus(fields["status"]),
+            int(fields["pages_ok"]),
+            int(fields["pages_failed"]),
+            float(fields["finished"]),
+        )
         return job
 
     async def pages(self, job_id):
@@ -294,15 +132,26 @@ class RedisStore(JobStore):
         records = []
         for seq, text in sorted(raw.items(), key=lambda kv: int(kv[0])):
             p = json.loads(text)
-            records.append(PageRecord(int(seq), p["document"], p["index"], p["state"], p["attempts"],
-                                      p.get("result_path") or "", p.get("error")))
+            records.append(
+                PageRecord(
+                    int(seq),
+                    p["document"],
+                    p["index"],
+                    PageState(p["state"]),
+                    p["attempts"],
+                    p.get("result_path") or "",
+                    p.get("error"),
+                )
+            )
         return records
 
     async def claim(self, owner, limit, lease_s):
         tokens = [secrets.token_hex(8) for _ in range(limit)]
         rows = await self._run("claim", owner, lease_s, limit, *tokens)
-        return [PageTask(job, int(seq), int(doc), int(index), int(attempts), token)
-                for job, seq, doc, index, attempts, token in rows]
+        return [
+            PageTask(job, int(seq), int(doc), int(index), int(attempts), token)
+            for job, seq, doc, index, attempts, token in rows
+        ]
 
     async def renew(self, tasks, lease_s):
         if not tasks:
@@ -313,9 +162,10 @@ class RedisStore(JobStore):
 
     async def complete(self, task, outcome):
         event = page_event(task.seq, task.document, task.index, outcome)
-        counted, ended = await self._run("complete", task.job_id, task.seq, json.dumps(_outcome(outcome)),
-                                         json.dumps(event))
-        return Completion(bool(counted), ended)
+        counted, ended = await self._run(
+            "complete", task.job_id, task.seq, json.dumps(_outcome(outcome)), json.dumps(event)
+        )
+        return Completion(bool(counted), JobStatus(ended) if ended else "")
 
     async def retry_later(self, task, delay_s):
         return bool(await self._run("requeue", task.job_id, task.seq, task.token, max(delay_s, 1e-3), 0))

@@ -22,11 +22,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ocrserve.store.records import (
-    CANCELLED, PAGE_CANCELLED, PAGE_FAILED, PAGE_QUEUED, PAGE_RUNNING, QUEUED, RUNNING, TERMINAL, Completion, Event,
-    Job, PageOutcome, PageRecord, PageTask, final_status, page_event,
-)
 from ocrserve.store.base import IdempotencyConflict, JobStore
+from ocrserve.store.records import (
+    TERMINAL,
+    Completion,
+    Event,
+    Job,
+    JobStatus,
+    PageOutcome,
+    PageRecord,
+    PageState,
+    PageTask,
+    final_status,
+    page_event,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -129,16 +138,28 @@ class SqliteStore(JobStore):
                     earlier = _job(row)
                     if earlier.request_hash != job.request_hash:
                         raise IdempotencyConflict(
-                            f"Idempotency-Key {key!r} was used for job {earlier.id} with a different request")
+                            f"Idempotency-Key {key!r} was used for job {earlier.id} with a different request"
+                        )
                     return earlier, False
             db.execute(
                 "INSERT INTO jobs (id, status, priority, created, pages_total, spec, idempotency_key)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job.id, QUEUED, job.priority, job.created, job.pages_total, json.dumps(job.to_json()), key or None),
+                (
+                    job.id,
+                    JobStatus.QUEUED,
+                    job.priority,
+                    job.created,
+                    job.pages_total,
+                    json.dumps(job.to_json()),
+                    key or None,
+                ),
             )
             db.executemany(
                 "INSERT INTO pages (job, seq, document, idx, priority, created, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(job.id, seq, d, i, job.priority, job.created, PAGE_QUEUED) for seq, (d, i) in enumerate(job.page_refs())],
+                [
+                    (job.id, seq, d, i, job.priority, job.created, PageState.QUEUED)
+                    for seq, (d, i) in enumerate(job.page_refs())
+                ],
             )
             for seq, outcome in sorted(finished.items()):
                 self._finish(db, job.id, seq, outcome)
@@ -156,8 +177,18 @@ class SqliteStore(JobStore):
 
     def _pages(self, job_id: str) -> list[PageRecord]:
         rows = self._conn().execute("SELECT * FROM pages WHERE job = ? ORDER BY seq", (job_id,)).fetchall()
-        return [PageRecord(r["seq"], r["document"], r["idx"], r["state"], r["attempts"], r["result_path"],
-                           json.loads(r["error"]) if r["error"] else None) for r in rows]
+        return [
+            PageRecord(
+                r["seq"],
+                r["document"],
+                r["idx"],
+                PageState(r["state"]),
+                r["attempts"],
+                r["result_path"],
+                json.loads(r["error"]) if r["error"] else None,
+            )
+            for r in rows
+        ]
 
     # claims ------------------------------------------------------------------------------------
 
@@ -169,16 +200,22 @@ class SqliteStore(JobStore):
         with self._tx() as db:
             rows = db.execute(
                 "SELECT job, seq, document, idx, attempts FROM pages WHERE state IN ('queued', 'running') AND due <= ?"
-                " ORDER BY priority DESC, created, job, seq LIMIT ?", (now, limit),
+                " ORDER BY priority DESC, created, job, seq LIMIT ?",
+                (now, limit),
             ).fetchall()
-            tasks = [PageTask(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
-                     for r in rows]
+            tasks = [
+                PageTask(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
+                for r in rows
+            ]
             for task in tasks:
                 db.execute(
                     "UPDATE pages SET state = ?, attempts = ?, due = ?, owner = ?, token = ? WHERE job = ? AND seq = ?",
-                    (PAGE_RUNNING, task.attempts, now + lease_s, owner, task.token, task.job_id, task.seq),
+                    (PageState.RUNNING, task.attempts, now + lease_s, owner, task.token, task.job_id, task.seq),
                 )
-                db.execute("UPDATE jobs SET status = ? WHERE id = ? AND status = ?", (RUNNING, task.job_id, QUEUED))
+                db.execute(
+                    "UPDATE jobs SET status = ? WHERE id = ? AND status = ?",
+                    (JobStatus.RUNNING, task.job_id, JobStatus.QUEUED),
+                )
             return tasks
 
     async def renew(self, tasks, lease_s):
@@ -187,10 +224,14 @@ class SqliteStore(JobStore):
     def _renew(self, tasks: list[PageTask], lease_s: float) -> list[PageTask]:
         due = time.time() + lease_s
         with self._tx() as db:
-            return [t for t in tasks if not db.execute(
-                "UPDATE pages SET due = ? WHERE job = ? AND seq = ? AND token = ? AND state = ?",
-                (due, t.job_id, t.seq, t.token, PAGE_RUNNING),
-            ).rowcount]
+            return [
+                t
+                for t in tasks
+                if not db.execute(
+                    "UPDATE pages SET due = ? WHERE job = ? AND seq = ? AND token = ? AND state = ?",
+                    (due, t.job_id, t.seq, t.token, PageState.RUNNING),
+                ).rowcount
+            ]
 
     async def complete(self, task, outcome):
         return await self._call(self._complete, task, outcome)
@@ -203,25 +244,48 @@ class SqliteStore(JobStore):
         """Finish one page inside a transaction, unless it (or its job) already has."""
         job = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         page = db.execute("SELECT * FROM pages WHERE job = ? AND seq = ?", (job_id, seq)).fetchone()
-        if job is None or page is None or job["status"] in TERMINAL or page["state"] not in (PAGE_QUEUED, PAGE_RUNNING):
+        if (
+            job is None
+            or page is None
+            or job["status"] in TERMINAL
+            or page["state"] not in (PageState.QUEUED, PageState.RUNNING)
+        ):
             return Completion(False)
         db.execute(
             "UPDATE pages SET state = ?, result_path = ?, error = ?, due = 0, owner = NULL, token = NULL"
             " WHERE job = ? AND seq = ?",
             (outcome.state, outcome.result_path, json.dumps(outcome.error) if outcome.error else None, job_id, seq),
         )
-        failed = job["pages_failed"] + (outcome.state == PAGE_FAILED)
-        ok = job["pages_ok"] + (outcome.state != PAGE_FAILED)
+        failed = job["pages_failed"] + (outcome.state == PageState.FAILED)
+        ok = job["pages_ok"] + (outcome.state != PageState.FAILED)
         event_id = job["events"] + 1
-        db.execute("INSERT INTO events (job, id, data) VALUES (?, ?, ?)", (job_id, event_id, json.dumps(
-            {**page_event(seq, page["document"], page["idx"], outcome), "pages_done": ok + failed,
-             "pages_total": job["pages_total"]})))
+        db.execute(
+            "INSERT INTO events (job, id, data) VALUES (?, ?, ?)",
+            (
+                job_id,
+                event_id,
+                json.dumps(
+                    {
+                        **page_event(seq, page["document"], page["idx"], outcome),
+                        "pages_done": ok + failed,
+                        "pages_total": job["pages_total"],
+                    }
+                ),
+            ),
+        )
         ended = final_status(ok, failed) if ok + failed == job["pages_total"] else ""
         db.execute(
             "UPDATE jobs SET pages_ok = ?, pages_failed = ?, events = ?, status = ?, finished = ?, webhook_due = ?"
             " WHERE id = ?",
-            (ok, failed, event_id, ended or RUNNING, time.time() if ended else 0,
-             _webhook_due(job) if ended else None, job_id),
+            (
+                ok,
+                failed,
+                event_id,
+                ended or JobStatus.RUNNING,
+                time.time() if ended else 0,
+                _webhook_due(job) if ended else None,
+                job_id,
+            ),
         )
         return Completion(True, ended)
 
@@ -233,11 +297,13 @@ class SqliteStore(JobStore):
 
     def _requeue(self, task: PageTask, due: float, uncount: int) -> bool:
         with self._tx() as db:
-            return bool(db.execute(
-                "UPDATE pages SET state = ?, due = ?, attempts = attempts - ?, owner = NULL, token = NULL"
-                " WHERE job = ? AND seq = ? AND token = ? AND state = ?",
-                (PAGE_QUEUED, due, uncount, task.job_id, task.seq, task.token, PAGE_RUNNING),
-            ).rowcount)
+            return bool(
+                db.execute(
+                    "UPDATE pages SET state = ?, due = ?, attempts = attempts - ?, owner = NULL, token = NULL"
+                    " WHERE job = ? AND seq = ? AND token = ? AND state = ?",
+                    (PageState.QUEUED, due, uncount, task.job_id, task.seq, task.token, PageState.RUNNING),
+                ).rowcount
+            )
 
     async def cancel(self, job_id):
         return await self._call(self._cancel, job_id)
@@ -247,18 +313,25 @@ class SqliteStore(JobStore):
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None or row["status"] in TERMINAL:
                 return _job(row) if row else None
-            db.execute("UPDATE jobs SET status = ?, finished = ?, webhook_due = ? WHERE id = ?",
-                       (CANCELLED, time.time(), _webhook_due(row), job_id))
-            db.execute("UPDATE pages SET state = ?, owner = NULL, token = NULL WHERE job = ? AND state IN (?, ?)",
-                       (PAGE_CANCELLED, job_id, PAGE_QUEUED, PAGE_RUNNING))
+            db.execute(
+                "UPDATE jobs SET status = ?, finished = ?, webhook_due = ? WHERE id = ?",
+                (JobStatus.CANCELLED, time.time(), _webhook_due(row), job_id),
+            )
+            db.execute(
+                "UPDATE pages SET state = ?, owner = NULL, token = NULL WHERE job = ? AND state IN (?, ?)",
+                (PageState.CANCELLED, job_id, PageState.QUEUED, PageState.RUNNING),
+            )
             return _job(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
 
     async def events(self, job_id, after=0):
         return await self._call(self._events, job_id, after)
 
     def _events(self, job_id: str, after: int) -> list[Event]:
-        rows = self._conn().execute(
-            "SELECT id, data FROM events WHERE job = ? AND id > ? ORDER BY id", (job_id, after)).fetchall()
+        rows = (
+            self._conn()
+            .execute("SELECT id, data FROM events WHERE job = ? AND id > ? ORDER BY id", (job_id, after))
+            .fetchall()
+        )
         return [Event(r["id"], json.loads(r["data"])) for r in rows]
 
     # webhooks and retention --------------------------------------------------------------------
@@ -269,8 +342,10 @@ class SqliteStore(JobStore):
     def _claim_webhook(self, lease_s: float) -> Job | None:
         now = time.time()
         with self._tx() as db:
-            row = db.execute("SELECT * FROM jobs WHERE webhook_due IS NOT NULL AND webhook_due <= ?"
-                             " ORDER BY webhook_due LIMIT 1", (now,)).fetchone()
+            row = db.execute(
+                "SELECT * FROM jobs WHERE webhook_due IS NOT NULL AND webhook_due <= ? ORDER BY webhook_due LIMIT 1",
+                (now,),
+            ).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE jobs SET webhook_due = ? WHERE id = ?", (now + lease_s, row["id"]))
@@ -280,8 +355,11 @@ class SqliteStore(JobStore):
         await self._call(self._write, "UPDATE jobs SET webhook_due = NULL WHERE id = ?", (job_id,))
 
     async def expired(self, before, limit=100):
-        rows = await self._call(self._read, "SELECT id FROM jobs WHERE finished > 0 AND finished < ?"
-                                            " ORDER BY finished LIMIT ?", (before, limit))
+        rows = await self._call(
+            self._read,
+            "SELECT id FROM jobs WHERE finished > 0 AND finished < ? ORDER BY finished LIMIT ?",
+            (before, limit),
+        )
         return [r["id"] for r in rows]
 
     async def delete(self, job_id):
@@ -338,5 +416,9 @@ def _webhook_due(row: sqlite3.Row) -> float | None:
 def _job(row: sqlite3.Row) -> Job:
     job = Job.from_json(json.loads(row["spec"]))
     job.status, job.pages_ok, job.pages_failed, job.finished = (
-        row["status"], row["pages_ok"], row["pages_failed"], row["finished"])
+        JobStatus(row["status"]),
+        row["pages_ok"],
+        row["pages_failed"],
+        row["finished"],
+    )
     return job

@@ -1,0 +1,153 @@
+"""Reading uploads: multipart ``file`` fields (FastAPI ``UploadFile``), or the document itself as
+the raw body with its media type (``curl --data-binary @x.tif -H 'Content-Type: image/tiff'``).
+
+FastAPI parses a form body before it solves a route's dependencies, and turns any failure of
+that parse into a bare 400. :class:`UploadRoute` parses it first instead, after the API key
+check, under the gateway's own limits, so that a refused key is refused before the upload is
+read, too many files is a problem naming its setting, a client gone mid-upload is a 499 and a
+body above ``server.max_upload_mb`` a 413 (:class:`~ocrserve.api.limits.BodyLimitMiddleware`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request, UploadFile
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
+
+from ocrserve.api.auth import require_api_key
+from ocrserve.config import Config
+from ocrserve.errors import BadRequest, UnsupportedMedia
+from ocrserve.jobs.intake import Upload
+
+#: Media types accepted as a raw request body (besides multipart/form-data); prefixes.
+RAW_TYPES = ("image/", "application/pdf", "application/octet-stream")
+#: The raw bodies, as ``openapi_extra`` that adds them beside the generated multipart body.
+RAW_BODY_OPENAPI = {
+    "requestBody": {
+        "content": {
+            media_type: {"schema": {"type": "string", "format": "binary"}}
+            for media_type in ("image/*", "application/pdf", "application/octet-stream")
+        }
+    }
+}
+#: Form fields besides the files that one request may carry.
+MAX_FIELDS = 16
+#: Bytes of a raw body a job keeps in memory before spooling it to a temporary file.
+SPOOL_BYTES = 1 << 20
+_LIMITS = "_ocrserve_form_limits"
+
+#: A form's file limit: ``config -> (max_files, the limit as a refusal names it)``.
+FileLimit = Callable[[Config], tuple[int, str]]
+
+
+def form_limits(max_files: FileLimit) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for an endpoint of an :class:`UploadRoute`: parse its form with at most
+    ``max_files(config)[0]`` files and :data:`MAX_FIELDS` other fields."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(endpoint, _LIMITS, max_files)
+        return endpoint
+
+    return mark
+
+
+class UploadRoute(APIRoute):
+    """An ``APIRoute`` that, for endpoints marked with :func:`form_limits`, checks the API key and
+    parses a multipart body before FastAPI does (FastAPI then reuses the parsed form)."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+        max_files: FileLimit | None = getattr(self.endpoint, _LIMITS, None)
+        if max_files is None:
+            return handler
+
+        async def parse_form_first(request: Request) -> Response:
+            await require_api_key(request)
+            await read_form(request, *max_files(request.app.state.config))
+            return await handler(request)
+
+        return parse_form_first
+
+
+async def read_form(request: Request, max_files: int, setting: str) -> None:
+    """Parse a multipart body (Starlette caches the form on the request); other bodies are left
+    unread for :func:`document_bytes` and :func:`job_uploads`.
+
+    Raises:
+        BadRequest: more than ``max_files`` files or :data:`MAX_FIELDS` other fields, or a
+            malformed multipart body.
+    """
+    if not content_type(request).startswith("multipart/form-data"):
+        return
+    try:
+        await request.form(max_files=max_files, max_fields=MAX_FIELDS)
+    except (StarletteHTTPException, MultiPartException) as exc:
+        detail = getattr(exc, "detail", None) or getattr(exc, "message", str(exc))
+        raise BadRequest(f"{detail} (at most {setting} and {MAX_FIELDS} other fields)") from None
+
+
+def content_type(request: Request) -> str:
+    """The request's ``Content-Type``, lower case."""
+    return request.headers.get("content-type", "").lower()
+
+
+def _raw_body_type(request: Request) -> None:
+    """Accept a raw body's media type (or none at all).
+
+    Raises:
+        BadRequest: multipart without a ``file`` field.
+        UnsupportedMedia: neither multipart nor one of :data:`RAW_TYPES`.
+    """
+    kind = content_type(request)
+    if kind.startswith("multipart/form-data"):
+        raise BadRequest("multipart field 'file' is required")
+    if kind and not kind.startswith(RAW_TYPES):
+        raise UnsupportedMedia(
+            f"Content-Type {kind!r}: send multipart/form-data with a 'file' field, or an image/*, "
+            "application/pdf or application/octet-stream body"
+        )
+
+
+async def document_bytes(request: Request, file: UploadFile | None) -> bytes:
+    """The bytes of the one document of a synchronous request: its ``file``, else the raw body.
+
+    Raises:
+        BadRequest, UnsupportedMedia: see :func:`_raw_body_type`.
+    """
+    if file is not None:
+        return await file.read()
+    _raw_body_type(request)
+    return await request.body()
+
+
+async def job_uploads(request: Request, files: list[UploadFile] | None, filename: str | None) -> list[Upload]:
+    """The documents of a job: its ``file`` fields (spooled by the form parser), else the raw
+    body, spooled to a temporary file as it arrives (none when it is empty). The caller closes
+    the files once the intake has staged them.
+
+    Raises:
+        BadRequest, UnsupportedMedia: see :func:`_raw_body_type`.
+    """
+    if files:
+        return [Upload(f.filename or f"document-{n}", f.file) for n, f in enumerate(files)]
+    _raw_body_type(request)
+    spool = UploadFile(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))  # noqa: SIM115 (outlives this call)
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            await spool.write(chunk)
+        await spool.seek(0)
+    except BaseException:
+        await spool.close()
+        raise
+    if not size:
+        await spool.close()
+        return []
+    return [Upload(filename or "document", spool.file)]

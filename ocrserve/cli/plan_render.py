@@ -1,0 +1,73 @@
+"""Renderers of a :class:`~ocrserve.gpu.planner.Plan` for ``ocrserve plan --format`` and ``ocrserve launch``.
+
+The planner returns data (:class:`~ocrserve.gpu.planner.Plan`, its ``argv()`` and ``to_dict()``);
+these turn it into text: a Rich table with each quantity's derivation, YAML, JSON, or the
+shell-quoted ``vllm serve`` command line.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+
+from ocrserve.gpu.planner import Plan, Step
+from ocrserve.gpu.registry import GIB
+
+
+def render_argv(plan: Plan) -> str:
+    """The command line, shell-quoted (``shlex.split`` gives :meth:`Plan.argv` back)."""
+    return shlex.join(plan.argv())
+
+
+def render_json(plan: Plan) -> str:
+    """The plan as indented JSON (:meth:`Plan.to_dict`)."""
+    return json.dumps(plan.to_dict(), indent=2, ensure_ascii=False)
+
+
+def render_yaml(plan: Plan) -> str:
+    """The plan as YAML (block style, keys in plan order; :meth:`Plan.to_dict`)."""
+    import yaml
+
+    return yaml.safe_dump(plan.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+
+
+def _show(step: Step) -> str:
+    """A step's value for the table: bytes in GiB/MiB/KiB with two decimals, integers with separators."""
+    if step.unit == "bytes":
+        for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+            if step.value >= size:
+                return f"{step.value / size:.2f} {unit}"
+        return f"{step.value} B"
+    if isinstance(step.value, int):
+        return f"{step.value:,}"
+    return str(step.value)
+
+
+def render_table(plan: Plan):
+    """A Rich renderable: one row per quantity with value and derivation, then the command line
+    and the warnings."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    title = (
+        f"{plan.model.id} on {plan.gpus} x {plan.gpu.name} ({plan.gpu.memory_gib:.1f} GiB"
+        f"{'' if plan.gpu.bf16 else ', no bf16'}) - {plan.strategy}"
+    )
+    table = Table("quantity", "value", "derivation", title=title, show_lines=False, expand=False)
+    for step in plan.steps:
+        table.add_row(escape(step.label), _show(step), escape(step.derivation))
+    parts = [table, Text("vLLM command line:", style="bold"), Text(render_argv(plan))]
+    parts += [Text("warning: " + w, style="yellow") for w in plan.warnings]
+    return Group(*parts)
+
+
+RENDERERS: dict[str, Callable[[Plan], object]] = {
+    "argv": render_argv,
+    "json": render_json,
+    "yaml": render_yaml,
+    "table": render_table,
+}
+"""``--format`` name -> renderer (``table`` gives a Rich renderable, the others a string)."""

@@ -1,6 +1,6 @@
 """The one path of a page from the preprocessor to its result, for synchronous requests and jobs alike.
 
-:class:`PagePipeline` takes a decoded page (or the preprocessor's :class:`PageFailure` for it),
+:class:`PagePipeline` takes a decoded page (or the preprocessor's :class:`DecodeFailure` for it),
 submits it to the router under its request's :class:`~ocrserve.work.WorkItem`, and returns an
 :class:`Attempt`: the page's result with its timings, or the problem it failed with and whether
 retrying may help. Every page is timed the same way on both paths, every failure maps to the same
@@ -17,7 +17,7 @@ from ocrserve import metrics
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
 from ocrserve.pages import Page, PageResult
-from ocrserve.preprocess import PageFailure
+from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import Reservation, Router
 from ocrserve.work import WorkItem
 
@@ -78,13 +78,13 @@ class PagePipeline:
     def __init__(self, router: Router):
         self.router = router
 
-    async def run(self, page: Page | PageFailure, reservation: Reservation, work: WorkItem) -> Attempt:
+    async def run(self, page: Page | DecodeFailure, reservation: Reservation, work: WorkItem) -> Attempt:
         """One try of one page under ``work``; the page takes one page of ``reservation``.
 
         Raises:
             asyncio.CancelledError: its request went away (the page is dropped or aborted).
         """
-        if isinstance(page, PageFailure):
+        if isinstance(page, DecodeFailure):
             reservation.release(1)
             return self._failed(page.index, page.problem, transient=False)
         metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -13,6 +16,28 @@ from ocrserve.bench.harness import LocalGateway
 from ocrserve.evaluation import locate_corpus
 
 DATA = Path(__file__).parent / "data"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> object:
+    """Poll ``predicate`` until it returns something true (returned); fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+    return value
+
+
+def post_then_hang_up(url: str, files: dict, hang_up_when: Callable[[], object]) -> None:
+    """POST ``files`` (multipart) to ``url`` over a plain socket and close the connection, without
+    reading the answer, once ``hang_up_when()`` is true: a client that goes away mid-request."""
+    request = httpx.Request("POST", url, files=files)
+    host, port = request.url.host, request.url.port
+    head = f"POST {request.url.raw_path.decode()} HTTP/1.1\r\nHost: {host}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host"
+    )
+    with socket.create_connection((host, port)) as client:
+        client.sendall(head.encode() + b"\r\n" + request.read())
+        wait_for(hang_up_when)
 
 
 def ground_truth(name: str) -> str:

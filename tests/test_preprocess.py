@@ -15,7 +15,7 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
-    PageFailure,
+    DecodeFailure,
     Preprocessor,
     decode_pages,
     geometry,
@@ -188,10 +188,10 @@ def test_limits_and_bad_files():
     with pytest.raises(PayloadTooLarge, match="max_pages"):
         inspect_document(samples.blank_pdf(300), CFG)
     (failure,) = decode_all(samples.png_header_only(40000, 40000))
-    assert isinstance(failure, PageFailure) and failure.problem.status == 413
+    assert isinstance(failure, DecodeFailure) and failure.problem.status == 413
     assert "max_page_pixels" in failure.problem.detail
     (failure,) = decode_all(samples.truncated_jpeg())
-    assert isinstance(failure, PageFailure) and failure.problem.status == 415
+    assert isinstance(failure, DecodeFailure) and failure.problem.status == 415
 
 
 async def test_pool_recovers_after_a_worker_dies():

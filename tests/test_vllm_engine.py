@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from ocrserve.gpu.engine_server import REPLICA_HEADER
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
 from tests import samples
-from tests.conftest import DATA, Gateway, ground_truth
+from tests.conftest import DATA, Gateway, ground_truth, post_then_hang_up, wait_for
 
 MODEL = "tencent/HunyuanOCR"
 #: Decoded pixels a replica accepts per image: below a prod-profile page at its 4.19 Mpx budget,
@@ -232,31 +231,14 @@ def replica_load(replicas: list[Replica]) -> tuple[float, float, float]:
     return running, stopped, aborted
 
 
-def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-    return value
-
-
 def test_a_client_gone_mid_page_aborts_it_in_the_engine(gateway, http, replicas):
     """A synchronous client disconnects while its page runs in a replica: the gateway cancels the
     page, the request's connection to the replica closes, and the replica aborts it (vLLM's
     ``finished_reason="abort"``), freeing its slot before the page was read."""
     _, stopped, aborted = replica_load(replicas)
     image = np.tile(np.asarray(samples.phototest()), (3, 2, 1))  # 1280 x 1440: seconds of ONNX work
-    request = httpx.Request(
-        "POST", gateway.url + "/v1/ocr", files={"file": ("big.png", samples.encode(Image.fromarray(image), "PNG"))}
-    )
-    head = (
-        "POST /v1/ocr HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        + "".join(f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host")
-        + "\r\n"
-    )
-    with socket.create_connection(("127.0.0.1", gateway.port)) as client:
-        client.sendall(head.encode() + request.read())
-        wait_for(lambda: replica_load(replicas)[0] == 1)  # the page runs in a replica
+    files = {"file": ("big.png", samples.encode(Image.fromarray(image), "PNG"))}
+    post_then_hang_up(gateway.url + "/v1/ocr", files, lambda: replica_load(replicas)[0] == 1)  # mid-page
     wait_for(lambda: replica_load(replicas)[0] == 0)
     assert replica_load(replicas)[1:] == (stopped, aborted + 1)  # aborted there, not finished
     gone = [

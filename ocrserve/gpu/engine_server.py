@@ -45,7 +45,7 @@ from ocrserve.engines import create_engine
 from ocrserve.engines.base import PageError
 from ocrserve.errors import ClientGone, Problem
 from ocrserve.pages import Page
-from ocrserve.preprocess import PageFailure, Preprocessor
+from ocrserve.preprocess import DecodeFailure, Preprocessor
 
 REPLICA_HEADER = "X-Ocrserve-Replica"
 #: Seconds in-flight completions get to finish after SIGTERM.
@@ -178,7 +178,7 @@ class EngineServer:
             (page,) = [p async for chunk in self.preprocessor.pages(data, info, [0]) for p in chunk]
         except Problem as problem:
             raise ApiError(400, problem.detail, param="messages") from None
-        if isinstance(page, PageFailure):
+        if isinstance(page, DecodeFailure):
             raise ApiError(400, page.problem.detail, param="messages")
         return page
 

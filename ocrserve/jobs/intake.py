@@ -27,7 +27,7 @@ from ocrserve.preprocess import Preprocessor
 from ocrserve.store.base import JobStore
 from ocrserve.store.cache import DedupCache
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Document, Job, JobStatus, PageOutcome, PageState
+from ocrserve.store.records import Document, Job, JobStatus, Outcome, PageState
 
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 255
@@ -185,10 +185,10 @@ class Intake:
             self.on_submit()
         return Submission(stored, True, all(d.cached for d in stored.documents))
 
-    async def _from_cache(self, job: Job) -> dict[int, PageOutcome]:
+    async def _from_cache(self, job: Job) -> dict[int, Outcome]:
         """Outcomes of the pages whose documents the dedup cache holds, by ``seq``, copied into the
         job's folder (the cache may evict them later)."""
-        finished: dict[int, PageOutcome] = {}
+        finished: dict[int, Outcome] = {}
         seq = 0
         for document in job.documents:
             cached = await self.cache.get(document.cache_key) if document.cache_key else None
@@ -196,6 +196,6 @@ class Intake:
             for n in range(len(document.indices)):
                 if cached is not None:
                     path = await asyncio.to_thread(self.data.write_page, job.id, seq, "cache", cached[n])
-                    finished[seq] = PageOutcome(PageState.DONE, path)
+                    finished[seq] = Outcome(PageState.DONE, path)
                 seq += 1
         return finished

@@ -40,11 +40,11 @@ from ocrserve.config import JobsConfig
 from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, PagePipeline, failed_page
-from ocrserve.preprocess import PageFailure, Preprocessor
+from ocrserve.preprocess import DecodeFailure, Preprocessor
 from ocrserve.router import BULK, Reservation, Router
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Document, Job, PageOutcome, PageState, PageTask
+from ocrserve.store.records import Claim, Document, Job, Outcome, PageState
 from ocrserve.work import Deadline, Priority, WorkItem
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Worker:
         self.on_end = on_end
         self.concurrency = cfg.concurrency or 2 * router.capacity
         self._room = asyncio.Semaphore(self.concurrency)
-        self._active: dict[asyncio.Task, PageTask] = {}
+        self._active: dict[asyncio.Task, Claim] = {}
         self._alarm = Alarm()
         self._failures = 0  # unexpected failures in a row; 0 once a page gets through
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
@@ -130,7 +130,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(heartbeat, *self._active, return_exceptions=True)
 
-    async def _next_page(self) -> tuple[PageTask, Reservation, contextlib.AsyncExitStack]:
+    async def _next_page(self) -> tuple[Claim, Reservation, contextlib.AsyncExitStack]:
         """Wait for a ready engine (pages are not spent on one known to be down or loading), for
         room in the bulk lane, then for a page to claim."""
         while True:
@@ -180,7 +180,7 @@ class Worker:
                 if claim in lost:
                     task.cancel()
 
-    async def _run(self, claim: PageTask, reservation: Reservation, admission: contextlib.AsyncExitStack) -> None:
+    async def _run(self, claim: Claim, reservation: Reservation, admission: contextlib.AsyncExitStack) -> None:
         """One page, from claim to completion; gives the claim back if cancelled before the end."""
         async with admission:
             try:
@@ -190,7 +190,7 @@ class Worker:
                     await self.store.release(claim)  # no-op when the claim was lost or cancelled
                 raise
 
-    async def _work(self, claim: PageTask, reservation: Reservation) -> None:
+    async def _work(self, claim: Claim, reservation: Reservation) -> None:
         job = await self.store.get(claim.job_id)
         if job is None or job.terminal:
             return  # cancelled (or deleted) after the claim
@@ -207,7 +207,7 @@ class Worker:
         priority = Priority.of_job(job.priority, self.cfg.max_priority, self.router.cfg.bulk.priority)
         return WorkItem(deadline=Deadline.at_unix(job.deadline) if job.deadline else None, priority=priority, lane=BULK)
 
-    async def _try(self, claim: PageTask, job: Job, reservation: Reservation) -> Attempt:
+    async def _try(self, claim: Claim, job: Job, reservation: Reservation) -> Attempt:
         """:meth:`_attempt`, unless the page has had its tries; an unexpected failure is transient
         and pauses claims."""
         if claim.attempts > self.cfg.max_attempts:  # earlier claims died with their gateway
@@ -225,15 +225,15 @@ class Worker:
         self._failures = 0
         return attempt
 
-    async def _complete(self, claim: PageTask, attempt: Attempt) -> None:
+    async def _complete(self, claim: Claim, attempt: Attempt) -> None:
         """Save the page's result and finish it in the store, unless someone else already has."""
         if attempt.problem is None:
             path = await asyncio.to_thread(
                 self.data.write_page, claim.job_id, claim.seq, claim.token, attempt.result.to_dict()
             )
-            outcome = PageOutcome(PageState.DONE, path)
+            outcome = Outcome(PageState.DONE, path)
         else:
-            outcome = PageOutcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
+            outcome = Outcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
         completion = await self.store.complete(claim, outcome)
         if not completion.counted:
             metrics.JOB_PAGES.labels("duplicate").inc()
@@ -245,7 +245,7 @@ class Worker:
         if completion.ended:
             await self.on_end(claim.job_id, completion.ended)
 
-    async def _attempt(self, claim: PageTask, job: Job, reservation: Reservation) -> Attempt:
+    async def _attempt(self, claim: Claim, job: Job, reservation: Reservation) -> Attempt:
         """Decode and OCR one page through the page pipeline.
 
         Raises:
@@ -264,8 +264,8 @@ class Worker:
             return Attempt(failed_page(claim.index, problem), problem)
         return await self.pipeline.run(page, reservation, work)
 
-    async def _decode(self, source: Path, document: Document, index: int) -> Page | PageFailure:
-        """The page ``index`` of a stored upload, or its :class:`PageFailure`.
+    async def _decode(self, source: Path, document: Document, index: int) -> Page | DecodeFailure:
+        """The page ``index`` of a stored upload, or its :class:`DecodeFailure`.
 
         Raises:
             Problem: the document itself cannot be opened any more (415).

@@ -90,7 +90,7 @@ class DocumentInfo:
 
 
 @dataclass(frozen=True)
-class PageFailure:
+class DecodeFailure:
     """A page that could not be decoded; its neighbours are unaffected."""
 
     index: int
@@ -340,7 +340,7 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
 
 def decode_pages(
     source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig
-) -> list[Page | PageFailure]:
+) -> list[Page | DecodeFailure]:
     """Decode and normalize the pages ``indices`` (0-based) of an inspected document.
 
     Runs in a worker process. Returns, in the order of ``indices``, each page or its failure: a
@@ -358,11 +358,11 @@ def decode_pages(
         document.close()
 
 
-def _decode_or_fail(decode, index: int) -> Page | PageFailure:
+def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
     try:
         return decode(index)
     except Problem as problem:
-        return PageFailure(index, problem)
+        return DecodeFailure(index, problem)
 
 
 def _pool_init() -> None:
@@ -412,7 +412,7 @@ class Preprocessor:
 
     async def pages(
         self, source: Source, info: DocumentInfo, indices: Sequence[int]
-    ) -> AsyncIterator[list[Page | PageFailure]]:
+    ) -> AsyncIterator[list[Page | DecodeFailure]]:
         """Yield decoded pages in chunks of up to :data:`PAGES_PER_TASK`, in order.
 
         Chunks are decoded in parallel, at most one per worker ahead of the consumer.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 
 from ocrserve.errors import Problem
-from ocrserve.store.records import Completion, Event, Job, PageOutcome, PageRecord, PageTask
+from ocrserve.store.records import Claim, Completion, Event, Job, Outcome, PageRecord
 
 
 class IdempotencyConflict(Problem):
@@ -35,7 +35,7 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     async def create(
-        self, job: Job, idempotency_key: str = "", finished: dict[int, PageOutcome] | None = None
+        self, job: Job, idempotency_key: str = "", finished: dict[int, Outcome] | None = None
     ) -> tuple[Job, bool]:
         """Store a new job with its pages queued.
 
@@ -62,7 +62,7 @@ class JobStore(abc.ABC):
         """Every page of the job, in ``seq`` order."""
 
     @abc.abstractmethod
-    async def claim(self, owner: str, limit: int, lease_s: float) -> list[PageTask]:
+    async def claim(self, owner: str, limit: int, lease_s: float) -> list[Claim]:
         """Claim up to ``limit`` pages: queued ones whose retry time has come, and running ones
         whose lease expired; pages of higher-priority jobs first, then older jobs, then in order.
 
@@ -72,7 +72,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def renew(self, tasks: list[PageTask], lease_s: float) -> list[PageTask]:
+    async def renew(self, tasks: list[Claim], lease_s: float) -> list[Claim]:
         """Extend the leases of ``tasks`` by ``lease_s`` from now.
 
         Returns:
@@ -81,7 +81,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def complete(self, task: PageTask, outcome: PageOutcome) -> Completion:
+    async def complete(self, task: Claim, outcome: Outcome) -> Completion:
         """Finish a page, if nobody has yet: count it, append its event, end the job after its last page.
 
         Whoever finishes first wins, whether or not its lease is still current; a later completion of
@@ -89,7 +89,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def retry_later(self, task: PageTask, delay_s: float) -> bool:
+    async def retry_later(self, task: Claim, delay_s: float) -> bool:
         """Put a claimed page back in the queue, claimable again after ``delay_s`` seconds.
 
         Returns:
@@ -97,7 +97,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def release(self, task: PageTask) -> bool:
+    async def release(self, task: Claim) -> bool:
         """Give a claimed page back unworked (shutdown): queued at once, this attempt not counted."""
 
     @abc.abstractmethod

@@ -1,7 +1,8 @@
 """What the job store keeps: jobs, their documents, their pages (the unit of work) and outcomes.
 
-A job holds one or more documents; each selected page of each document is one *page task*,
-numbered ``seq`` 0..pages_total-1 across the job (documents in order, pages in order). Times are
+A job holds one or more documents; each selected page of each document is one page of work (a
+:class:`Claim` while a worker holds it), numbered ``seq`` 0..pages_total-1 across the job
+(documents in order, pages in order). Times are
 Unix seconds (``time.time()``; the Redis store uses the server's clock), so that every gateway
 sharing a store agrees on leases and retention.
 """
@@ -55,7 +56,7 @@ class PageState(StrEnum):
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED})
 
 
-def page_event(seq: int, document: int, index: int, outcome: PageOutcome) -> dict:
+def page_event(seq: int, document: int, index: int, outcome: Outcome) -> dict:
     """The event a finished page appends to its job's log; the store adds ``pages_done`` (pages
     finished so far, this one included) and ``pages_total``."""
     event = {"page": seq, "document": document, "index": index, "state": outcome.state}
@@ -180,7 +181,7 @@ class Job:
 
 
 @dataclass
-class PageTask:
+class Claim:
     """A claimed page: the worker holds it until ``lease_until`` unless it renews the lease.
 
     Attributes:
@@ -199,7 +200,7 @@ class PageTask:
 
 
 @dataclass
-class PageOutcome:
+class Outcome:
     """How a page ended: ``done`` with its result file, or ``failed`` with a problem object."""
 
     state: PageState

@@ -30,14 +30,14 @@ import redis.asyncio as aioredis
 
 from ocrserve.store.base import IdempotencyConflict, JobStore
 from ocrserve.store.records import (
+    Claim,
     Completion,
     Event,
     Job,
     JobStatus,
-    PageOutcome,
+    Outcome,
     PageRecord,
     PageState,
-    PageTask,
     page_event,
 )
 
@@ -149,7 +149,7 @@ class RedisStore(JobStore):
         tokens = [secrets.token_hex(8) for _ in range(limit)]
         rows = await self._run("claim", owner, lease_s, limit, *tokens)
         return [
-            PageTask(job, int(seq), int(doc), int(index), int(attempts), token)
+            Claim(job, int(seq), int(doc), int(index), int(attempts), token)
             for job, seq, doc, index, attempts, token in rows
         ]
 
@@ -211,5 +211,5 @@ class RedisStore(JobStore):
         await self._redis.aclose()
 
 
-def _outcome(outcome: PageOutcome) -> dict:
+def _outcome(outcome: Outcome) -> dict:
     return {"state": outcome.state, "result_path": outcome.result_path, "error": outcome.error}

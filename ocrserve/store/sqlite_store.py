@@ -25,14 +25,14 @@ from pathlib import Path
 from ocrserve.store.base import IdempotencyConflict, JobStore
 from ocrserve.store.records import (
     TERMINAL,
+    Claim,
     Completion,
     Event,
     Job,
     JobStatus,
-    PageOutcome,
+    Outcome,
     PageRecord,
     PageState,
-    PageTask,
     final_status,
     page_event,
 )
@@ -130,7 +130,7 @@ class SqliteStore(JobStore):
     async def create(self, job, idempotency_key="", finished=None):
         return await self._call(self._create, job, idempotency_key, finished or {})
 
-    def _create(self, job: Job, key: str, finished: dict[int, PageOutcome]) -> tuple[Job, bool]:
+    def _create(self, job: Job, key: str, finished: dict[int, Outcome]) -> tuple[Job, bool]:
         with self._tx() as db:
             if key:
                 row = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
@@ -195,7 +195,7 @@ class SqliteStore(JobStore):
     async def claim(self, owner, limit, lease_s):
         return await self._call(self._claim, owner, limit, lease_s)
 
-    def _claim(self, owner: str, limit: int, lease_s: float) -> list[PageTask]:
+    def _claim(self, owner: str, limit: int, lease_s: float) -> list[Claim]:
         now = time.time()
         with self._tx() as db:
             rows = db.execute(
@@ -204,7 +204,7 @@ class SqliteStore(JobStore):
                 (now, limit),
             ).fetchall()
             tasks = [
-                PageTask(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
+                Claim(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
                 for r in rows
             ]
             for task in tasks:
@@ -221,7 +221,7 @@ class SqliteStore(JobStore):
     async def renew(self, tasks, lease_s):
         return await self._call(self._renew, tasks, lease_s)
 
-    def _renew(self, tasks: list[PageTask], lease_s: float) -> list[PageTask]:
+    def _renew(self, tasks: list[Claim], lease_s: float) -> list[Claim]:
         due = time.time() + lease_s
         with self._tx() as db:
             return [
@@ -236,11 +236,11 @@ class SqliteStore(JobStore):
     async def complete(self, task, outcome):
         return await self._call(self._complete, task, outcome)
 
-    def _complete(self, task: PageTask, outcome: PageOutcome) -> Completion:
+    def _complete(self, task: Claim, outcome: Outcome) -> Completion:
         with self._tx() as db:
             return self._finish(db, task.job_id, task.seq, outcome)
 
-    def _finish(self, db: sqlite3.Connection, job_id: str, seq: int, outcome: PageOutcome) -> Completion:
+    def _finish(self, db: sqlite3.Connection, job_id: str, seq: int, outcome: Outcome) -> Completion:
         """Finish one page inside a transaction, unless it (or its job) already has."""
         job = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         page = db.execute("SELECT * FROM pages WHERE job = ? AND seq = ?", (job_id, seq)).fetchone()
@@ -295,7 +295,7 @@ class SqliteStore(JobStore):
     async def release(self, task):
         return await self._call(self._requeue, task, 0.0, 1)
 
-    def _requeue(self, task: PageTask, due: float, uncount: int) -> bool:
+    def _requeue(self, task: Claim, due: float, uncount: int) -> bool:
         with self._tx() as db:
             return bool(
                 db.execute(

@@ -300,6 +300,19 @@ def test_prefer_respond_async_makes_a_job(http):
     assert page_number(http.get(f"/v1/jobs/{job_id}/result?format=text").text) == 71
 
 
+def test_a_jobs_timeout_is_its_deadline(http):
+    """``timeout`` on a job (here through ``Prefer: respond-async``) is kept with it: pages not done
+    that long after the 202 fail with 504, at once and without retries (the deadline stays passed)."""
+    response = http.post(
+        "/v1/ocr?timeout=0.001",
+        content=numbered_tiff(3, first=80),
+        headers={"content-type": "image/tiff", "prefer": "respond-async"},
+    )
+    status = wait_job(http, accepted(response))
+    assert (status["status"], status["pages_failed"]) == ("failed", 3)
+    assert {(e["error"]["status"], e["error"]["attempts"]) for e in status["errors"]} == {(504, 1)}
+
+
 def test_higher_priority_job_finishes_first(http):
     low = accepted(submit(http, ("low.tif", numbered_tiff(5, first=200))))
     high = accepted(submit(http, ("high.tif", numbered_tiff(2, first=300)), priority="9"))

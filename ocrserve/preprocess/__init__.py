@@ -300,14 +300,7 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
         raise UnsupportedMedia(f"page {index + 1} cannot be decoded: {exc}", slug="undecodable") from None
     if rgb.size != (out_w, out_h):
         rgb = rgb.resize((out_w, out_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
-    return Page(
-        index=index,
-        image=np.asarray(rgb),
-        width=width,
-        height=height,
-        visual_tokens=visual_tokens(out_h, out_w, cfg.factor),
-        preprocess_s=time.perf_counter() - started,
-    )
+    return _page(index, rgb, width, height, cfg, started)
 
 
 def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> Page:
@@ -328,12 +321,18 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
         page.close()
     if rendered.size != (out_w, out_h):
         rendered = rendered.resize((out_w, out_h), Image.Resampling.LANCZOS)
+    return _page(index, rendered, width, height, cfg, started)
+
+
+def _page(index: int, image: Image.Image, width: int, height: int, cfg: PreprocessConfig, started: float) -> Page:
+    """The :class:`Page` of a decoded RGB ``image`` at its normalized size; ``width``/``height`` are
+    the client's pixels, ``started`` the ``time.perf_counter()`` instant decoding began."""
     return Page(
         index=index,
-        image=np.asarray(rendered),
+        image=np.asarray(image),
         width=width,
         height=height,
-        visual_tokens=visual_tokens(out_h, out_w, cfg.factor),
+        visual_tokens=visual_tokens(image.height, image.width, cfg.factor),
         preprocess_s=time.perf_counter() - started,
     )
 

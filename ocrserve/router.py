@@ -175,6 +175,16 @@ class Router:
         small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
         return FAST if small else BULK
 
+    def terms(self, lane_name: str, work: WorkItem) -> WorkItem:
+        """``work`` in ``lane_name`` with the lane's defaults filled in: a deadline
+        ``router.<lane>.timeout_s`` from now (none when 0) and the lane's priority."""
+        cfg = self.lanes[lane_name].cfg
+        deadline = work.deadline
+        if deadline is None and cfg.timeout_s:
+            deadline = Deadline.after(cfg.timeout_s)
+        priority = Priority(cfg.priority if work.priority is None else work.priority)
+        return WorkItem(deadline=deadline, priority=priority, lane=lane_name)
+
     @contextlib.asynccontextmanager
     async def admit(self, lane_name: str, pages: int) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in a lane for the duration of a request.
@@ -236,12 +246,10 @@ class Router:
             PageError: the engine failed on this page.
         """
         lane = reservation.lane
+        work = self.terms(lane.name, work)
         deadline = work.deadline
-        if deadline is None and lane.cfg.timeout_s:
-            deadline = Deadline.after(lane.cfg.timeout_s)
-        priority = Priority(lane.cfg.priority if work.priority is None else work.priority)
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
-        ticket = Ticket(page, reservation, cost, priority, deadline, next(self._seq))
+        ticket = Ticket(page, reservation, cost, work.priority, deadline, next(self._seq))
         self.policy.push(ticket)
         self._alarm.ring()
         try:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ocrserve import metrics
@@ -27,7 +27,7 @@ from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
 from ocrserve.router import Reservation, Router
 from ocrserve.store.cache import DedupCache, sha256_hex
-from ocrserve.work import WorkItem
+from ocrserve.work import Deadline, WorkItem
 
 #: Uploads above this many bytes reach the decoding processes as a temporary file, not as bytes
 #: pickled once per chunk of pages.
@@ -89,6 +89,7 @@ class OcrService:
             cached = await self.cache.get(key) if key else None
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
+            work = self.router.terms(lane, work)  # the lane's default deadline runs from admission
             async with self.router.admit(lane, len(indices)) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, work)
         for attempt in attempts:
@@ -107,12 +108,42 @@ class OcrService:
     async def _run_pages(
         self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation, work: WorkItem
     ) -> list[Attempt]:
-        """Every selected page through the pipeline, concurrently, each as soon as it is decoded."""
+        """Every selected page through the pipeline, concurrently, each as soon as it is decoded.
+
+        Decoding stops when the deadline passes (the router answers for the pages it already holds).
+
+        Raises:
+            DeadlinePassed: the deadline passed before every page was decoded.
+        """
         tasks: list[asyncio.Task] = []
+        chunks = self.preprocessor.pages(source, info, indices)
         try:
-            async for chunk in self.preprocessor.pages(source, info, indices):
-                tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, work)) for p in chunk)
+            async with contextlib.aclosing(chunks):
+                while (chunk := await self._next_chunk(chunks, work.deadline)) is not None:
+                    tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, work)) for p in chunk)
             return await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
+
+    @staticmethod
+    async def _next_chunk(chunks: AsyncIterator[list], deadline: Deadline | None) -> list | None:
+        """The next chunk of decoded pages, or None after the last one.
+
+        Raises:
+            DeadlinePassed: ``deadline`` passed while the chunk was being decoded (its decoding is
+                abandoned; a page in a decoding process finishes there unread).
+        """
+        waiting = asyncio.ensure_future(anext(chunks))
+        try:
+            await asyncio.wait({waiting}, timeout=deadline.left() if deadline else None)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+        if waiting.cancelled():
+            raise DeadlinePassed("the deadline passed while pages were being decoded")
+        try:
+            return waiting.result()
+        except StopAsyncIteration:
+            return None

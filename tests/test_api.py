@@ -12,7 +12,7 @@ import pytest
 from ocrserve.evaluation import bag_f1
 from tests import samples
 from tests.conftest import DATA, Gateway, ground_truth
-from tests.jobs_util import metric
+from tests.jobs_util import engine_pages, metric
 
 
 def post_file(http: httpx.Client, data: bytes, name: str = "doc", **form) -> httpx.Response:
@@ -153,6 +153,14 @@ def test_upload_cut_short_is_a_499_not_a_500(gateway, http):
 def test_deadline_passed_is_504(http):
     big = samples.encode(samples.phototest().resize((1920, 1440)), "PNG")
     assert_problem(post_file(http, big, timeout="0.01"), 504, "timeout=0.01")
+
+
+def test_deadline_stops_the_decoding_of_a_long_document(http):
+    """A 60-page PDF with a 0.05 s timeout: 504, and its decoding stops there; most pages never
+    reach the engine (before, every page was rendered first and the 504 came after)."""
+    before = engine_pages(http)
+    assert_problem(post_file(http, samples.blank_pdf(60), timeout="0.05"), 504, "timeout=0.05")
+    assert engine_pages(http) - before < 60
 
 
 def test_metrics_count_requests(http):

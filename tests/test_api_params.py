@@ -33,6 +33,8 @@ def openapi() -> dict:
 def test_openapi_multipart_bodies_are_generated():
     spec = openapi()
     schemas = spec["components"]["schemas"]
+    documented = {code for item in spec["paths"].values() for op in item.values() for code in op["responses"]}
+    assert "400" in documented and "422" not in documented  # bad parameters are 400 problems here
     for path, file_schema in (("/v1/ocr", {"type": "string"}), ("/v1/jobs", {"type": "array"})):
         operation = spec["paths"][path]["post"]
         content = operation["requestBody"]["content"]
@@ -53,7 +55,7 @@ def test_openapi_multipart_bodies_are_generated():
         )[1]
     ]["properties"]
     assert {"enum": ["json", "text", "markdown"]}.items() <= ocr["format"]["anyOf"][0].items()
-    assert {"enum": ["interactive", "bulk"]}.items() <= ocr["priority"]["anyOf"][0].items()
+    assert "respond-async" in ocr["priority"]["description"]  # interactive|bulk, or a job's priority
     assert ocr["timeout"]["anyOf"][0]["type"] == "number"
     assert get_args(Format) == FORMATS
 
@@ -113,12 +115,18 @@ def test_raw_body_job_with_query_parameters_and_timeout_in_its_terms(jobs_http):
     assert_problem(jobs_http.post("/v1/jobs", params={**query, "timeout": "0"}, **raw), 400, "timeout")
     # Prefer: respond-async checks POST /v1/ocr's own parameters, then makes a job
     prefer = {"content-type": "image/tiff", "prefer": "respond-async"}
-    assert_problem(jobs_http.post("/v1/ocr", params={"priority": "5"}, content=tiff, headers=prefer), 400, "priority")
+    bad = jobs_http.post("/v1/ocr", params={"priority": "interactive"}, content=tiff, headers=prefer)
+    assert_problem(bad, 400, "a job's priority is an integer")  # a job runs in the bulk lane
     job = jobs_http.post(
-        "/v1/ocr", params={"pages": "1", "timeout": "30", "filename": "a.tif"}, content=tiff, headers=prefer
+        "/v1/ocr",
+        params={"pages": "1", "timeout": "30", "filename": "a.tif", "priority": "5"},
+        content=tiff,
+        headers=prefer,
     )
     assert job.status_code == 202 and job.headers["preference-applied"] == "respond-async", job.text
-    assert (job.json()["documents"][0]["name"], job.json()["pages_total"]) == ("a.tif", 1)
+    assert (job.json()["documents"][0]["name"], job.json()["pages_total"], job.json()["priority"]) == ("a.tif", 1, 5)
+    sync = jobs_http.post("/v1/ocr", params={"priority": "5"}, content=tiff, headers={"content-type": "image/tiff"})
+    assert_problem(sync, 400, "expected interactive or bulk")
 
 
 def test_api_modules_import_each_other_without_cycles_at_the_top():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI
 
@@ -76,4 +77,22 @@ def create_app(config: Config) -> FastAPI:
     app.include_router(routes.ops)
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(config.server.max_upload_mb * (1 << 20)))
     app.add_middleware(MetricsMiddleware)
+    app.openapi = _without_validation_errors(app.openapi)
     return app
+
+
+def _without_validation_errors(build: Callable[[], dict]) -> Callable[[], dict]:
+    """FastAPI documents a 422 ``HTTPValidationError`` on every route with parameters; this gateway
+    answers a bad parameter with a 400 problem instead (:mod:`ocrserve.api.problems`), which the
+    routes document. ``build`` is FastAPI's own ``app.openapi``, which caches its schema."""
+
+    def openapi() -> dict:
+        schema = build()
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return schema
+
+    return openapi

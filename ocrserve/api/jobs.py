@@ -160,7 +160,7 @@ async def job_events(request: Request, job_id: str) -> EventSourceResponse:
     with the job's status. Reconnecting with ``Last-Event-ID`` resumes after that event."""
     await find_job(request, job_id)
     try:
-        after = int(request.headers.get("last-event-id") or 0)
+        after = max(0, int(request.headers.get("last-event-id") or 0))  # event ids count from 1
     except ValueError:
         after = 0
     return EventSourceResponse(_event_stream(jobs_of(request), job_id, after), ping=SSE_PING_S)

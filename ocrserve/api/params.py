@@ -16,6 +16,7 @@ from fastapi import Depends, Form, Header, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BeforeValidator, Field
 
+from ocrserve.errors import BadRequest
 from ocrserve.formats import MEDIA_TYPES, render_markdown, render_text
 from ocrserve.work import Deadline, WorkItem
 
@@ -40,14 +41,16 @@ Blank = BeforeValidator(_blank_is_none)
 Format = Literal["json", "text", "markdown"]
 #: ``format`` as sent: any case.
 AnyCaseFormat = Annotated[Format, BeforeValidator(_lower)]
-Lane = Literal["interactive", "bulk"]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
 JobPriority = Annotated[int, Field(ge=0)]
 
 _PAGES = "1-based pages and ranges, e.g. 1-3,5 (default: all)"
 _TIMEOUT = f"seconds, at most {MAX_TIMEOUT_S:g}; pages not done by then fail with 504"
 _FORMAT = "json (default), text or markdown"
-_LANE = "interactive forces the fast lane, bulk the bulk lane (default: by size)"
+_SYNC_PRIORITY = (
+    "interactive forces the fast lane, bulk the bulk lane (default: by size); with Prefer: respond-async, "
+    "the job's priority, 0 (default) to jobs.max_priority, higher first"
+)
 _JOB_PRIORITY = "0 (default) to jobs.max_priority; higher runs first"
 _WEBHOOK = "called when the job ends; its host must be on jobs.webhook_allow_hosts"
 _FILENAME = "the document's name when it is sent as the raw body"
@@ -82,13 +85,12 @@ def format_param(
     return _either(format_form, format_query) or "json"
 
 
-def lane_param(
-    priority_form: Annotated[Lane | None, Blank, Form(alias="priority", description=_LANE)] = None,
-    priority_query: Annotated[Lane | None, Blank, Query(alias="priority", description=_LANE)] = None,
+def priority_param(
+    priority_form: Annotated[str | None, Blank, Form(alias="priority", description=_SYNC_PRIORITY)] = None,
+    priority_query: Annotated[str | None, Blank, Query(alias="priority", description=_SYNC_PRIORITY)] = None,
 ) -> str | None:
-    """The lane a synchronous request's ``priority`` forces: ``fast``, ``bulk``, or None (by size)."""
-    priority = _either(priority_form, priority_query)
-    return LANES[priority] if priority else None
+    """``priority`` of ``POST /v1/ocr`` as sent; what it may be depends on ``Prefer`` (:func:`ocr_params`)."""
+    return _either(priority_form, priority_query)
 
 
 def job_priority_param(
@@ -160,6 +162,7 @@ class OcrParams:
     timeout: float | None = None
     format: Format = "json"
     lane: str | None = None
+    job_priority: int | None = None
     webhook_url: str | None = None
     filename: str | None = None
 
@@ -168,21 +171,49 @@ class OcrParams:
         return WorkItem(deadline=Deadline.after(self.timeout) if self.timeout else None, lane=self.lane)
 
     def as_job(self) -> JobParams:
-        """The same request as a job (``Prefer: respond-async``), which runs at the default job
-        priority in the bulk lane and renders nothing."""
-        return JobParams(pages=self.pages, timeout=self.timeout, webhook_url=self.webhook_url, filename=self.filename)
+        """The same request as a job (``Prefer: respond-async``), which renders nothing."""
+        return JobParams(
+            pages=self.pages,
+            timeout=self.timeout,
+            priority=self.job_priority,
+            webhook_url=self.webhook_url,
+            filename=self.filename,
+        )
 
 
 def ocr_params(
     pages: Annotated[str | None, Depends(pages_param)],
     timeout: Annotated[float | None, Depends(timeout_param)],
     fmt: Annotated[Format, Depends(format_param)],
-    lane: Annotated[str | None, Depends(lane_param)],
+    priority: Annotated[str | None, Depends(priority_param)],
     webhook_url: Annotated[str | None, Depends(webhook_url_param)],
     filename: Annotated[str | None, Depends(filename_param)],
+    prefer: PreferHeader = None,
 ) -> OcrParams:
-    """FastAPI dependency: the parameters of ``POST /v1/ocr``."""
-    return OcrParams(pages=pages, timeout=timeout, format=fmt, lane=lane, webhook_url=webhook_url, filename=filename)
+    """FastAPI dependency: the parameters of ``POST /v1/ocr``. ``priority`` is ``interactive`` or
+    ``bulk`` (the lane), or with ``Prefer: respond-async`` the job's integer priority.
+
+    Raises:
+        BadRequest: a ``priority`` that is neither.
+    """
+    lane, job_priority = None, None
+    if priority is not None and prefers_async(prefer):
+        if not priority.isdigit():
+            raise BadRequest(f"priority={priority!r}: a job's priority is an integer from 0 (higher runs first)")
+        job_priority = int(priority)
+    elif priority is not None:
+        if priority not in LANES:
+            raise BadRequest(f"priority={priority!r}: expected interactive or bulk")
+        lane = LANES[priority]
+    return OcrParams(
+        pages=pages,
+        timeout=timeout,
+        format=fmt,
+        lane=lane,
+        job_priority=job_priority,
+        webhook_url=webhook_url,
+        filename=filename,
+    )
 
 
 def job_params(

@@ -69,8 +69,9 @@ async def ocr(
 
     ``X-Cache: hit`` when the answer came from the dedup cache. With ``Prefer: respond-async`` the
     document becomes a job instead (checked for the same mistakes first): 202 with
-    ``Location: /v1/jobs/{id}`` (see ``POST /v1/jobs``); ``webhook_url``, ``filename`` and
-    ``Idempotency-Key`` apply to it, ``priority`` does not (a job runs in the bulk lane).
+    ``Location: /v1/jobs/{id}`` (see ``POST /v1/jobs``); ``timeout``, ``webhook_url``, ``filename``
+    and ``Idempotency-Key`` apply to it, and ``priority`` is then the job's (0 to
+    ``jobs.max_priority``, higher first).
     """
     if prefers_async(prefer):
         uploads = await job_uploads(request, [file] if file else None, params.filename)

@@ -25,15 +25,12 @@ from ocrserve.config import Config
 from ocrserve.errors import BadRequest, UnsupportedMedia
 from ocrserve.jobs.intake import Upload
 
-#: Media types accepted as a raw request body (besides multipart/form-data); prefixes.
-RAW_TYPES = ("image/", "application/pdf", "application/octet-stream")
+#: Media types accepted as a raw request body (besides multipart/form-data): any ``image/*``, and these.
+RAW_TYPES = ("image/*", "application/pdf", "application/octet-stream")
 #: The raw bodies, as ``openapi_extra`` that adds them beside the generated multipart body.
 RAW_BODY_OPENAPI = {
     "requestBody": {
-        "content": {
-            media_type: {"schema": {"type": "string", "format": "binary"}}
-            for media_type in ("image/*", "application/pdf", "application/octet-stream")
-        }
+        "content": {media_type: {"schema": {"type": "string", "format": "binary"}} for media_type in RAW_TYPES}
     }
 }
 #: Form fields besides the files that one request may carry.
@@ -92,6 +89,12 @@ async def read_form(request: Request, max_files: int, setting: str) -> None:
         raise BadRequest(f"{detail} (at most {setting} and {MAX_FIELDS} other fields)") from None
 
 
+def raw_type(content_type: str) -> bool:
+    """Whether a ``Content-Type`` (parameters such as ``; charset`` ignored) is one of :data:`RAW_TYPES`."""
+    media_type = content_type.split(";", 1)[0].strip()
+    return media_type.startswith("image/") or media_type in RAW_TYPES
+
+
 def content_type(request: Request) -> str:
     """The request's ``Content-Type``, lower case."""
     return request.headers.get("content-type", "").lower()
@@ -107,7 +110,7 @@ def _raw_body_type(request: Request) -> None:
     kind = content_type(request)
     if kind.startswith("multipart/form-data"):
         raise BadRequest("multipart field 'file' is required")
-    if kind and not kind.startswith(RAW_TYPES):
+    if kind and not raw_type(kind):
         raise UnsupportedMedia(
             f"Content-Type {kind!r}: send multipart/form-data with a 'file' field, or an image/*, "
             "application/pdf or application/octet-stream body"

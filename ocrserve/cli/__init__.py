@@ -1,4 +1,5 @@
-"""The ``ocrserve`` command line (Typer + Rich). Each command lives in a module of its own."""
+"""The ``ocrserve`` command line (Typer + Rich): a module per command (``plan`` and ``models``, which
+share the registry listings, live together in ``plan.py``)."""
 
 from __future__ import annotations
 

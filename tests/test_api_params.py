@@ -89,6 +89,14 @@ def test_malformed_parameters_are_400_problems_naming_them(http):
     assert_problem(http.post("/v1/ocr", files=[("file", ("a", tif)), ("file", ("b", tif))]), 400, "1 file per request")
     assert_problem(http.post("/v1/ocr", data={"file": "not a file"}, files={"x": ("x", b"")}), 400, "file")
     assert_problem(http.post("/v1/ocr", content=tif, headers={"content-type": "text/plain"}), 415, "Content-Type")
+    assert_problem(http.post("/v1/ocr", params={"timeout": "nan"}, **raw), 400, "finite number")
+    pdfx = http.post("/v1/ocr", content=tif, headers={"content-type": "application/pdfx"})
+    assert_problem(pdfx, 415, "Content-Type")  # media types match exactly, not by prefix
+    no_boundary = http.post("/v1/ocr", content=b"--x", headers={"content-type": "multipart/form-data"})
+    assert_problem(no_boundary, 400, "malformed multipart body")
+    assert "other fields" not in no_boundary.json()["detail"]
+    lane = http.post("/v1/ocr", params={"priority": "INTERACTIVE", "format": "TEXT"}, **raw)
+    assert lane.status_code == 200 and lane.text.startswith("This is a lot of 12 point text")
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ Blank = BeforeValidator(_blank_is_none)
 Format = Literal["json", "text", "markdown"]
 #: ``format`` as sent: any case.
 AnyCaseFormat = Annotated[Format, BeforeValidator(_lower)]
-Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
 JobPriority = Annotated[int, Field(ge=0)]
 
 _PAGES = "1-based pages and ranges, e.g. 1-3,5 (default: all)"
@@ -202,9 +202,9 @@ def ocr_params(
             raise BadRequest(f"priority={priority!r}: a job's priority is an integer from 0 (higher runs first)")
         job_priority = int(priority)
     elif priority is not None:
-        if priority not in LANES:
+        if priority.lower() not in LANES:
             raise BadRequest(f"priority={priority!r}: expected interactive or bulk")
-        lane = LANES[priority]
+        lane = LANES[priority.lower()]
     return OcrParams(
         pages=pages,
         timeout=timeout,

@@ -86,7 +86,9 @@ async def read_form(request: Request, max_files: int, setting: str) -> None:
         await request.form(max_files=max_files, max_fields=MAX_FIELDS)
     except (StarletteHTTPException, MultiPartException) as exc:
         detail = getattr(exc, "detail", None) or getattr(exc, "message", str(exc))
-        raise BadRequest(f"{detail} (at most {setting} and {MAX_FIELDS} other fields)") from None
+        if detail.startswith("Too many"):  # Starlette's words for max_files / max_fields
+            detail += f" (at most {setting} and {MAX_FIELDS} other fields)"
+        raise BadRequest(f"malformed multipart body: {detail}") from None
 
 
 def raw_type(content_type: str) -> bool:

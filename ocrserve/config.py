@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -177,6 +177,17 @@ class RouterConfig(Section):
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     fast: FastLaneConfig = Field(default_factory=FastLaneConfig)
     bulk: BulkLaneConfig = Field(default_factory=BulkLaneConfig)
+
+    @model_validator(mode="after")
+    def _urgent_only_fast(self) -> RouterConfig:
+        """The embedded engine runs priorities <= 0 as interactive work (``ocrserve.work.URGENT``):
+        the fast lane must be there and the bulk lane (every job included) above it."""
+        if not self.fast.priority <= 0 < self.bulk.priority:
+            raise ValueError(
+                f"router.fast.priority ({self.fast.priority}) must be <= 0 and router.bulk.priority "
+                f"({self.bulk.priority}) > 0: priorities <= 0 are interactive work"
+            )
+        return self
 
 
 class VllmConfig(Section):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal, get_args
 
-FORMATS = ("json", "text", "markdown")
+#: The renderings a client may ask for (``format``).
+Format = Literal["json", "text", "markdown"]
+FORMATS = get_args(Format)
 MEDIA_TYPES = {
     "json": "application/json",
     "text": "text/plain; charset=utf-8",

@@ -5,7 +5,7 @@ submits it to the router under its request's :class:`~ocrserve.work.WorkItem`, a
 :class:`Attempt`: the page's result with its timings, or the problem it failed with and whether
 retrying may help. Every page is timed the same way on both paths, every failure maps to the same
 problem, and every page is counted once in ``ocrserve_pages_total``, when its outcome is final
-(:meth:`PagePipeline.finished`: at once for a synchronous request, after the last try for a job).
+(:meth:`PagePipeline.count_final`: at once for a synchronous request, after the last try for a job).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ class Attempt:
     problem: Problem | None = None
     transient: bool = False
 
-
-def failed_page(index: int, problem: Problem) -> PageResult:
-    """The result entry of a page that failed: no text, the problem as ``error``."""
-    return PageResult(index=index, width=0, height=0, text="", error=problem.to_dict())
+    @classmethod
+    def failed(cls, index: int, problem: Problem, *, transient: bool = False) -> Attempt:
+        """The attempt of page ``index`` that failed with ``problem``: its result entry has no text
+        and the problem as ``error``."""
+        return cls(PageResult(index=index, width=0, height=0, text="", error=problem.to_dict()), problem, transient)
 
 
 def page_problem(index: int, error: PageError) -> Problem:
@@ -86,23 +87,19 @@ class PagePipeline:
         """
         if isinstance(page, DecodeFailure):
             reservation.release(1)
-            return self._failed(page.index, page.problem, transient=False)
+            return Attempt.failed(page.index, page.problem)
         metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
         queued = time.perf_counter()
         try:
             result = await self.router.submit(page, reservation, work)
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry
-            return self._failed(page.index, problem, transient=work.deadline is None)
+            return Attempt.failed(page.index, problem, transient=work.deadline is None)
         except PageError as exc:
-            return self._failed(page.index, page_problem(page.index, exc), transient=exc.transient)
+            return Attempt.failed(page.index, page_problem(page.index, exc), transient=exc.transient)
         metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
         return Attempt(with_timings(result, page, queued))
 
     @staticmethod
-    def finished(attempt: Attempt) -> None:
+    def count_final(attempt: Attempt) -> None:
         """Count a page whose outcome is final (``ocrserve_pages_total{outcome="ok"|"failed"}``)."""
         metrics.PAGES.labels("ok" if attempt.problem is None else "failed").inc()
-
-    @staticmethod
-    def _failed(index: int, problem: Problem, *, transient: bool) -> Attempt:
-        return Attempt(failed_page(index, problem), problem, transient)

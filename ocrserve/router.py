@@ -13,11 +13,11 @@ interactive page never waits for a bulk page to leave the engine; the engine's o
 (each page carries its :class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in
 flight.
 
-Each page carries its request's :class:`~ocrserve.work.WorkItem`. Its deadline is enforced here
-and only here: a page still queued when it passes is dropped before the engine (504); a page in
-the engine then is cancelled there, and so is a page whose request went away (client gone, job
-cancelled): the engine aborts it (vLLM when its request's connection closes; the embedded engine
-drops the remaining stages).
+Each page carries its request's :class:`~ocrserve.work.WorkItem`. The router enforces its deadline
+on every page it holds: a page still queued when it passes is dropped before the engine (504); a
+page in the engine then is cancelled there, and so is a page whose request went away (client gone,
+job cancelled): the engine aborts it (vLLM when its request's connection closes; the embedded
+engine drops the remaining stages).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class Router:
         small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
         return FAST if small else BULK
 
-    def terms(self, lane_name: str, work: WorkItem) -> WorkItem:
+    def with_lane_defaults(self, lane_name: str, work: WorkItem) -> WorkItem:
         """``work`` in ``lane_name`` with the lane's defaults filled in: a deadline
         ``router.<lane>.timeout_s`` from now (none when 0) and the lane's priority."""
         cfg = self.lanes[lane_name].cfg
@@ -246,7 +246,7 @@ class Router:
             PageError: the engine failed on this page.
         """
         lane = reservation.lane
-        work = self.terms(lane.name, work)
+        work = self.with_lane_defaults(lane.name, work)
         deadline = work.deadline
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
         ticket = Ticket(page, reservation, cost, work.priority, deadline, next(self._seq))
@@ -280,7 +280,16 @@ class Router:
             # saturated by other clients (the vLLM engine learns it from its own polls).
             await self._alarm.sleep(RECHECK_S)
             while (ticket := self.policy.pop(self._may_run)) is not None:
-                self._start(ticket)
+                if ticket.deadline is not None and ticket.deadline.passed():
+                    self._expire(ticket)  # its submitter has not woken up yet
+                else:
+                    self._start(ticket)
+
+    def _expire(self, ticket: Ticket) -> None:
+        """A page popped after its deadline: it fails without reaching the engine."""
+        ticket.reservation.release(1)
+        metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
+        ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1}: its deadline passed in the queue"))
 
     def _may_run(self, lane: Lane) -> bool:
         """A free slot, or for the fast lane one of its burst slots; nothing while the engine
@@ -297,13 +306,13 @@ class Router:
         lane.publish()
         metrics.SLOTS_IN_USE.set(self.in_flight)
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
+        metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.task = asyncio.create_task(self._run(ticket))
         self._running.add(ticket.task)
-        ticket.task.add_done_callback(self._running.discard)
+        # bookkeeping in a callback: it runs even when the task is cancelled before its first step
+        ticket.task.add_done_callback(lambda task: self._finished(ticket, task))
 
     async def _run(self, ticket: Ticket) -> None:
-        lane = ticket.lane
-        metrics.ENGINE_PAGES.labels(lane.name).inc()
         try:
             result = await self.engine.ocr_page(ticket.page, priority=ticket.priority, deadline=ticket.deadline)
         except Exception as exc:  # PageError, or a bug in the engine: this page alone fails
@@ -312,11 +321,15 @@ class Router:
         else:
             if not ticket.future.done():
                 ticket.future.set_result(result)
-        finally:
-            lane.in_flight -= 1
-            lane.record_done(time.monotonic())
-            metrics.SLOTS_IN_USE.set(self.in_flight)
-            self._alarm.ring()
+
+    def _finished(self, ticket: Ticket, task: asyncio.Task) -> None:
+        """The page left the engine (answered, failed or aborted): free its slot."""
+        self._running.discard(task)
+        ticket.lane.in_flight -= 1
+        if not task.cancelled():  # aborted pages say nothing of the lane's drain rate
+            ticket.lane.record_done(time.monotonic())
+        metrics.SLOTS_IN_USE.set(self.in_flight)
+        self._alarm.ring()
 
 
 class Reservation:

@@ -29,8 +29,9 @@ from ocrserve.router import Reservation, Router
 from ocrserve.store.cache import DedupCache, sha256_hex
 from ocrserve.work import Deadline, WorkItem
 
-#: Uploads above this many bytes reach the decoding processes as a temporary file, not as bytes
-#: pickled once per chunk of pages.
+#: Uploads above this many bytes are kept in a temporary file rather than in memory: a synchronous
+#: one reaches the decoding processes as a path, not as bytes pickled once per chunk of pages, and a
+#: job's raw body is spooled to disk as it arrives (``ocrserve.api.uploads``).
 SPOOL_BYTES = 1 << 20
 
 
@@ -89,11 +90,11 @@ class OcrService:
             cached = await self.cache.get(key) if key else None
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
-            work = self.router.terms(lane, work)  # the lane's default deadline runs from admission
+            work = self.router.with_lane_defaults(lane, work)  # the lane's default deadline runs from admission
             async with self.router.admit(lane, len(indices)) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, work)
         for attempt in attempts:
-            self.pipeline.finished(attempt)
+            self.pipeline.count_final(attempt)
         problems = [a.problem for a in attempts if a.problem]
         late = next((p for p in problems if isinstance(p, DeadlinePassed)), None)
         if late or len(problems) == len(attempts):
@@ -110,17 +111,19 @@ class OcrService:
     ) -> list[Attempt]:
         """Every selected page through the pipeline, concurrently, each as soon as it is decoded.
 
-        Decoding stops when the deadline passes (the router answers for the pages it already holds).
-
-        Raises:
-            DeadlinePassed: the deadline passed before every page was decoded.
+        Decoding stops when the deadline passes: the pages not decoded by then fail with 504, and
+        the router fails the ones it holds at the same deadline.
         """
         tasks: list[asyncio.Task] = []
         chunks = self.preprocessor.pages(source, info, indices)
         try:
-            async with contextlib.aclosing(chunks):
-                while (chunk := await self._next_chunk(chunks, work.deadline)) is not None:
-                    tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, work)) for p in chunk)
+            try:
+                async with contextlib.aclosing(chunks):
+                    while (chunk := await self._next_chunk(chunks, work.deadline)) is not None:
+                        tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, work)) for p in chunk)
+            except DeadlinePassed as late:
+                undecoded = [Attempt.failed(index, late) for index in indices[len(tasks) :]]
+                return [*await asyncio.gather(*tasks), *undecoded]
             return await asyncio.gather(*tasks)
         finally:
             for task in tasks:

@@ -59,9 +59,11 @@ def is_urgent(priority: int) -> bool:
 class Deadline:
     """The instant a page must be done by, on the ``time.monotonic()`` clock of this process.
 
-    Enforced in one place, the router: a page still queued at its deadline is dropped before the
-    engine (504); a page running in the engine then is cancelled there (vLLM aborts a request
-    whose connection closes; the embedded engine drops the page's remaining stages).
+    The router enforces it on the pages it holds: a page still queued at its deadline is dropped
+    before the engine (504); a page running in the engine then is cancelled there (vLLM aborts a
+    request whose connection closes; the embedded engine drops the page's remaining stages).
+    Before a page reaches the router, decoding stops at it (``OcrService``) and a job's page is not
+    started past it (the job worker); the vLLM engine's request timeout is the time left.
     """
 
     at: float

@@ -10,20 +10,20 @@ here, so both endpoints parse it the same way and only once. A malformed value i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Form, Header, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BeforeValidator, Field
 
 from ocrserve.errors import BadRequest
-from ocrserve.formats import MEDIA_TYPES, render_markdown, render_text
+from ocrserve.formats import MEDIA_TYPES, Format, render_markdown, render_text
 from ocrserve.work import Deadline, WorkItem
 
 #: Largest ``timeout`` a request may ask for, seconds.
 MAX_TIMEOUT_S = 3600.0
 #: The lane each synchronous ``priority`` forces (see :mod:`ocrserve.work`).
-LANES = {"interactive": "fast", "bulk": "bulk"}
+PRIORITY_LANES = {"interactive": "fast", "bulk": "bulk"}
 
 T = TypeVar("T")
 
@@ -37,8 +37,6 @@ def _lower(value: object) -> object:
 
 
 Blank = BeforeValidator(_blank_is_none)
-#: ``ocrserve.formats.FORMATS`` as a type (tests check they agree).
-Format = Literal["json", "text", "markdown"]
 #: ``format`` as sent: any case.
 AnyCaseFormat = Annotated[Format, BeforeValidator(_lower)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
@@ -198,13 +196,13 @@ def ocr_params(
     """
     lane, job_priority = None, None
     if priority is not None and prefers_async(prefer):
-        if not priority.isdigit():
+        if not (priority.isascii() and priority.isdigit()):
             raise BadRequest(f"priority={priority!r}: a job's priority is an integer from 0 (higher runs first)")
         job_priority = int(priority)
     elif priority is not None:
-        if priority.lower() not in LANES:
+        if priority.lower() not in PRIORITY_LANES:
             raise BadRequest(f"priority={priority!r}: expected interactive or bulk")
-        lane = LANES[priority.lower()]
+        lane = PRIORITY_LANES[priority.lower()]
     return OcrParams(
         pages=pages,
         timeout=timeout,

@@ -24,6 +24,7 @@ from ocrserve.api.auth import require_api_key
 from ocrserve.config import Config
 from ocrserve.errors import BadRequest, UnsupportedMedia
 from ocrserve.jobs.intake import Upload
+from ocrserve.service import SPOOL_BYTES
 
 #: Media types accepted as a raw request body (besides multipart/form-data): any ``image/*``, and these.
 RAW_TYPES = ("image/*", "application/pdf", "application/octet-stream")
@@ -35,8 +36,6 @@ RAW_BODY_OPENAPI = {
 }
 #: Form fields besides the files that one request may carry.
 MAX_FIELDS = 16
-#: Bytes of a raw body a job keeps in memory before spooling it to a temporary file.
-SPOOL_BYTES = 1 << 20
 _LIMITS = "_ocrserve_form_limits"
 
 #: A form's file limit: ``config -> (max_files, the limit as a refusal names it)``.

@@ -204,8 +204,12 @@ class OnnxEngine(Engine):
         turn = self._det_turn if urgent else self._background_turn
         pool = self._det_pool if urgent else self._background_pool
         async with turn.hold(priority):
+            running = loop.run_in_executor(pool, self._detect, page.image, priority)
             try:
-                detection = await loop.run_in_executor(pool, self._detect, page.image, priority)
+                detection = await asyncio.shield(running)
+            except asyncio.CancelledError:  # the thread cannot be stopped: hold its permit until it is done
+                await asyncio.wait({running})
+                raise
             except Exception as exc:
                 raise PageError(f"text detection failed: {exc}") from exc
         started = time.perf_counter()

@@ -214,9 +214,8 @@ class VllmEngine(Engine):
         started = time.perf_counter()
         body = await asyncio.to_thread(self._request_body, page, priority)
         sent = time.perf_counter()
-        timeout = min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
         try:
-            reply = await self._complete(body, timeout)
+            reply = await self._complete(body, deadline)
         except PageError:
             if deadline is not None and deadline.passed():
                 raise DeadlinePassed(f"page {page.index + 1}: its deadline passed in the engine") from None
@@ -237,18 +236,26 @@ class VllmEngine(Engine):
             self.spec, self.cfg.task, uri, model=self.model, priority=priority if self.send_priority else None
         )
 
-    async def _complete(self, body: dict, timeout: float) -> str:
+    async def _complete(self, body: dict, deadline: Deadline | None) -> str:
+        """The reply to ``body`` from some replica; each attempt's timeout is ``timeout_s`` or the
+        time left before ``deadline``, whichever is shorter."""
         attempts = backoff.retrying(
             self.cfg.max_retries + 1, RETRY_WAIT_S, RETRY_WAIT_MAX_S, retry_if_exception_type(_Unavailable)
         )
         try:
             async for attempt in attempts:
                 with attempt:
-                    return await self._send(body, timeout)
+                    return await self._send(
+                        body, min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
+                    )
         except _Unavailable as exc:
             raise PageError(
                 f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}", transient=True
             ) from None
+
+    def _timeout(self, deadline: Deadline | None) -> float:
+        """Seconds one attempt may wait for its reply: ``timeout_s``, or less when the deadline is nearer."""
+        return min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
 
     def _pick(self) -> Replica:
         """The up replica with the fewest outstanding requests; ties rotate. All replicas when none is up."""

@@ -13,7 +13,7 @@ One claim loop and one heartbeat loop per gateway:
   the data folder and the page completed in the store.
 - **heartbeat**: every third of ``jobs.lease_s`` it renews the leases of the pages it holds; a
   page it has lost (cancelled, or re-claimed by another gateway after a stall) is abandoned, which
-  drops it from the router's queue if it has not reached the engine.
+  drops it from the router's queue, or aborts it in the engine.
 
 Failures: a transient one (``PageError.transient``, the engine unavailable, the lane's default
 deadline passed, an unexpected exception) sends the page back to the queue after
@@ -39,7 +39,7 @@ from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
 from ocrserve.pages import Page
-from ocrserve.pipeline import Attempt, PagePipeline, failed_page
+from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DecodeFailure, Preprocessor
 from ocrserve.router import BULK, Reservation, Router
 from ocrserve.store.base import JobStore
@@ -104,7 +104,8 @@ class Worker:
         self._paused_until = time.monotonic() + retry_delay(self._failures, self.cfg)
 
     def drop_job(self, job_id: str) -> None:
-        """Abandon this worker's pages of a cancelled job (queued ones never reach the engine)."""
+        """Abandon this worker's pages of a cancelled job: queued ones never reach the engine, running
+        ones are aborted there."""
         for task, claim in list(self._active.items()):
             if claim.job_id == job_id:
                 task.cancel()
@@ -214,14 +215,14 @@ class Worker:
             problem = EngineFailed(
                 f"page {claim.index + 1}: given up after {claim.attempts - 1} claims that never finished"
             )
-            return Attempt(failed_page(claim.index, problem), problem)
+            return Attempt.failed(claim.index, problem)
         try:
             attempt = await self._attempt(claim, job, reservation)
         except Exception as exc:  # this gateway misbehaves (decoding processes gone, an engine bug)
             log.exception("job %s page %d: unexpected failure; pausing claims", claim.job_id, claim.seq)
             self._pause()
             problem = EngineFailed(f"page {claim.index + 1}: {type(exc).__name__}: {exc}")
-            return Attempt(failed_page(claim.index, problem), problem, transient=True)
+            return Attempt.failed(claim.index, problem, transient=True)
         self._failures = 0
         return attempt
 
@@ -241,7 +242,7 @@ class Worker:
                 await asyncio.to_thread(self.data.remove, outcome.result_path)
             return
         metrics.JOB_PAGES.labels(outcome.state).inc()
-        self.pipeline.finished(attempt)
+        self.pipeline.count_final(attempt)
         if completion.ended:
             await self.on_end(claim.job_id, completion.ended)
 
@@ -255,13 +256,13 @@ class Worker:
         if work.deadline is not None and work.deadline.passed():
             problem = DeadlinePassed(f"page {claim.index + 1}: the job's deadline passed before it ran")
             reservation.release(1)
-            return Attempt(failed_page(claim.index, problem), problem)
+            return Attempt.failed(claim.index, problem)
         source = self.data.upload_path(claim.job_id, claim.document)
         try:
             page = await self._decode(source, job.documents[claim.document], claim.index)
         except Problem as problem:
             reservation.release(1)
-            return Attempt(failed_page(claim.index, problem), problem)
+            return Attempt.failed(claim.index, problem)
         return await self.pipeline.run(page, reservation, work)
 
     async def _decode(self, source: Path, document: Document, index: int) -> Page | DecodeFailure:

@@ -55,7 +55,7 @@ REGISTRY: dict[str, ModelSpec] = _LOADED.specs
 BY_ARCHITECTURE: dict[str, ModelSpec] = _LOADED.by_architecture
 """``config.json`` ``model_type`` -> the entry whose recipe a local checkpoint of that type takes."""
 DEFAULT_MODEL = "tencent/HunyuanOCR"
-"""The model ``ocrserve plan`` and profiles without ``engine.model`` use."""
+"""The model ``ocrserve plan`` plans for when given no ``--model`` and no profile model of its own."""
 if DEFAULT_MODEL not in REGISTRY:  # pragma: no cover - a packaging error
     raise RegistryError(f"default model {DEFAULT_MODEL!r} has no entry in {', '.join(_LOADED.files.values())}")
 

@@ -26,7 +26,6 @@ GRID = "grid"
 :attr:`ModelSpec.row_tokens` per row and :attr:`ModelSpec.image_tokens` per image)."""
 TILES = "tiles"
 """Token formula of DeepSeek-OCR's Gundam tiling (a global view plus local tiles)."""
-TOKEN_FORMULAS = (GRID, TILES)
 TASKS = ("text", "markdown", "table")
 """The OCR tasks every recipe has a prompt for."""
 

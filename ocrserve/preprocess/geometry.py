@@ -2,7 +2,7 @@
 
 Pure arithmetic on pixel sizes, shared by the preprocessor (which resizes pages and estimates each
 page's cost) and the model registry / memory planner (which bound the cost of the largest page).
-This is the lowest layer: it imports nothing from ocrserve.
+It imports nothing from ocrserve (importing it still runs ``ocrserve.preprocess``'s own imports).
 
 Two families:
 

@@ -72,16 +72,16 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def renew(self, tasks: list[Claim], lease_s: float) -> list[Claim]:
-        """Extend the leases of ``tasks`` by ``lease_s`` from now.
+    async def renew(self, claims: list[Claim], lease_s: float) -> list[Claim]:
+        """Extend the leases of ``claims`` by ``lease_s`` from now.
 
         Returns:
-            The tasks that are no longer this worker's to run: re-claimed by another worker after a
+            The claims that are no longer this worker's to run: re-claimed by another worker after a
             lapse, finished, or cancelled with their job. Their work should stop.
         """
 
     @abc.abstractmethod
-    async def complete(self, task: Claim, outcome: Outcome) -> Completion:
+    async def complete(self, claim: Claim, outcome: Outcome) -> Completion:
         """Finish a page, if nobody has yet: count it, append its event, end the job after its last page.
 
         Whoever finishes first wins, whether or not its lease is still current; a later completion of
@@ -89,7 +89,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def retry_later(self, task: Claim, delay_s: float) -> bool:
+    async def retry_later(self, claim: Claim, delay_s: float) -> bool:
         """Put a claimed page back in the queue, claimable again after ``delay_s`` seconds.
 
         Returns:
@@ -97,7 +97,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def release(self, task: Claim) -> bool:
+    async def release(self, claim: Claim) -> bool:
         """Give a claimed page back unworked (shutdown): queued at once, this attempt not counted."""
 
     @abc.abstractmethod

@@ -182,7 +182,7 @@ class Job:
 
 @dataclass
 class Claim:
-    """A claimed page: the worker holds it until ``lease_until`` unless it renews the lease.
+    """A claimed page: the worker holds it for ``jobs.lease_s`` unless it renews the lease.
 
     Attributes:
         job_id, seq: which page of which job.

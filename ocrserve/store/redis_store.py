@@ -63,11 +63,6 @@ def lua_source(name: str) -> str:
     return "\n".join((folder / f"{part}.lua").read_text(encoding="utf-8") for part in (COMMON, name))
 
 
-def member(job_id: str, seq: int) -> str:
-    """A page's member in the ready, delayed and lease sets."""
-    return f"{job_id}:{seq:06d}"
-
-
 def rank(priority: int, created: float) -> str:
     """A job's score in ``P:ready``: higher priority first, then older first."""
     return str(-priority * PRIORITY_STEP + int(created * RANK_SCALE))
@@ -153,25 +148,25 @@ class RedisStore(JobStore):
             for job, seq, doc, index, attempts, token in rows
         ]
 
-    async def renew(self, tasks, lease_s):
-        if not tasks:
+    async def renew(self, claims, lease_s):
+        if not claims:
             return []
-        args = [x for t in tasks for x in (t.job_id, t.seq, t.token)]
+        args = [x for t in claims for x in (t.job_id, t.seq, t.token)]
         lost = await self._run("renew", lease_s, *args)
-        return [tasks[int(i)] for i in lost]
+        return [claims[int(i)] for i in lost]
 
-    async def complete(self, task, outcome):
-        event = page_event(task.seq, task.document, task.index, outcome)
+    async def complete(self, claim, outcome):
+        event = page_event(claim.seq, claim.document, claim.index, outcome)
         counted, ended = await self._run(
-            "complete", task.job_id, task.seq, json.dumps(_outcome(outcome)), json.dumps(event)
+            "complete", claim.job_id, claim.seq, json.dumps(_outcome(outcome)), json.dumps(event)
         )
         return Completion(bool(counted), JobStatus(ended) if ended else "")
 
-    async def retry_later(self, task, delay_s):
-        return bool(await self._run("requeue", task.job_id, task.seq, task.token, max(delay_s, 1e-3), 0))
+    async def retry_later(self, claim, delay_s):
+        return bool(await self._run("requeue", claim.job_id, claim.seq, claim.token, max(delay_s, 1e-3), 0))
 
-    async def release(self, task):
-        return bool(await self._run("requeue", task.job_id, task.seq, task.token, 0, 1))
+    async def release(self, claim):
+        return bool(await self._run("requeue", claim.job_id, claim.seq, claim.token, 0, 1))
 
     async def cancel(self, job_id):
         if not await self._run("cancel", job_id):

@@ -203,42 +203,42 @@ class SqliteStore(JobStore):
                 " ORDER BY priority DESC, created, job, seq LIMIT ?",
                 (now, limit),
             ).fetchall()
-            tasks = [
+            claims = [
                 Claim(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
                 for r in rows
             ]
-            for task in tasks:
+            for claim in claims:
                 db.execute(
                     "UPDATE pages SET state = ?, attempts = ?, due = ?, owner = ?, token = ? WHERE job = ? AND seq = ?",
-                    (PageState.RUNNING, task.attempts, now + lease_s, owner, task.token, task.job_id, task.seq),
+                    (PageState.RUNNING, claim.attempts, now + lease_s, owner, claim.token, claim.job_id, claim.seq),
                 )
                 db.execute(
                     "UPDATE jobs SET status = ? WHERE id = ? AND status = ?",
-                    (JobStatus.RUNNING, task.job_id, JobStatus.QUEUED),
+                    (JobStatus.RUNNING, claim.job_id, JobStatus.QUEUED),
                 )
-            return tasks
+            return claims
 
-    async def renew(self, tasks, lease_s):
-        return await self._call(self._renew, tasks, lease_s)
+    async def renew(self, claims, lease_s):
+        return await self._call(self._renew, claims, lease_s)
 
-    def _renew(self, tasks: list[Claim], lease_s: float) -> list[Claim]:
+    def _renew(self, claims: list[Claim], lease_s: float) -> list[Claim]:
         due = time.time() + lease_s
         with self._tx() as db:
             return [
                 t
-                for t in tasks
+                for t in claims
                 if not db.execute(
                     "UPDATE pages SET due = ? WHERE job = ? AND seq = ? AND token = ? AND state = ?",
                     (due, t.job_id, t.seq, t.token, PageState.RUNNING),
                 ).rowcount
             ]
 
-    async def complete(self, task, outcome):
-        return await self._call(self._complete, task, outcome)
+    async def complete(self, claim, outcome):
+        return await self._call(self._complete, claim, outcome)
 
-    def _complete(self, task: Claim, outcome: Outcome) -> Completion:
+    def _complete(self, claim: Claim, outcome: Outcome) -> Completion:
         with self._tx() as db:
-            return self._finish(db, task.job_id, task.seq, outcome)
+            return self._finish(db, claim.job_id, claim.seq, outcome)
 
     def _finish(self, db: sqlite3.Connection, job_id: str, seq: int, outcome: Outcome) -> Completion:
         """Finish one page inside a transaction, unless it (or its job) already has."""
@@ -289,19 +289,19 @@ class SqliteStore(JobStore):
         )
         return Completion(True, ended)
 
-    async def retry_later(self, task, delay_s):
-        return await self._call(self._requeue, task, time.time() + delay_s, 0)
+    async def retry_later(self, claim, delay_s):
+        return await self._call(self._requeue, claim, time.time() + delay_s, 0)
 
-    async def release(self, task):
-        return await self._call(self._requeue, task, 0.0, 1)
+    async def release(self, claim):
+        return await self._call(self._requeue, claim, 0.0, 1)
 
-    def _requeue(self, task: Claim, due: float, uncount: int) -> bool:
+    def _requeue(self, claim: Claim, due: float, uncount: int) -> bool:
         with self._tx() as db:
             return bool(
                 db.execute(
                     "UPDATE pages SET state = ?, due = ?, attempts = attempts - ?, owner = NULL, token = NULL"
                     " WHERE job = ? AND seq = ? AND token = ? AND state = ?",
-                    (PageState.QUEUED, due, uncount, task.job_id, task.seq, task.token, PageState.RUNNING),
+                    (PageState.QUEUED, due, uncount, claim.job_id, claim.seq, claim.token, PageState.RUNNING),
                 ).rowcount
             )
 

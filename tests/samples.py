@@ -69,15 +69,32 @@ def blank_pdf(pages: int, size_pt: tuple[float, float] = (612, 792)) -> bytes:
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR declares ``width x height`` RGB but whose data is a few bytes."""
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+    idat = png_chunk(b"IDAT", zlib.compress(b"\0" * 16))
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + idat + png_chunk(b"IEND", b"")
 
 
 def truncated_jpeg() -> bytes:
     """phototest as a JPEG cut off after 40% of its bytes."""
     data = encode(phototest(), "JPEG", quality=90)
     return data[: len(data) * 2 // 5]
+
+
+def raw_pdf(*objects: bytes) -> bytes:
+    """A PDF of the given objects (numbered from 1; object 1 must be the catalog) with a correct
+    cross-reference table, for page trees no PDF writer would produce."""
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out
+
+
+def png_chunk(kind: bytes, payload: bytes) -> bytes:
+    """One PNG chunk with its length and CRC."""
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))

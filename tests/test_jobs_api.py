@@ -110,6 +110,8 @@ def test_sse_in_order_complete_and_resumable(http):
     resumed = read_events(http, job_id, last_event_id=3)
     assert [(e[0], e[1]) for e in resumed] == [("page", "4"), ("page", "5"), ("done", "5")]  # done: no id of its own
     assert resumed[0][2] == pages[3][2]
+    for odd in (-5, 99999999999999999999999):  # not event ids: replay from the start (issue 10)
+        assert [e[1] for e in read_events(http, job_id, last_event_id=odd)][:5] == ["1", "2", "3", "4", "5"]
 
 
 def test_idempotency_key(http):
@@ -243,6 +245,9 @@ def test_webhook_guard_resolves_and_refuses_private_addresses():
     metadata = JobsConfig(webhook_allow_hosts=["169.254.169.254"])
     with pytest.raises(BadRequest, match="169.254.169.254"):
         asyncio.run(check_webhook_url("http://169.254.169.254/latest/meta-data", metadata))
+    for malformed in ("http://[::1", "http://hooks.example.org:99999/x"):  # were 500s (issue 10)
+        with pytest.raises(BadRequest, match="not a URL"):
+            asyncio.run(check_webhook_url(malformed, allowed))
 
 
 def test_refusals_at_submission(http):

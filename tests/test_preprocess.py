@@ -206,3 +206,49 @@ async def test_pool_recovers_after_a_worker_dies():
         assert pages[0].image.shape == (480, 640, 3)
     finally:
         preprocessor.close()
+
+
+PAGE = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"
+CATALOG = b"<< /Type /Catalog /Pages 2 0 R >>"
+
+
+@pytest.mark.parametrize(
+    "pdf",
+    [
+        samples.raw_pdf(CATALOG, b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>"),  # /Kids loops to itself
+        samples.raw_pdf(CATALOG, b"<< /Type /Pages /Kids [] /Count 3 >>"),  # a page tree with no leaf
+        samples.raw_pdf(CATALOG, b"<< /Type /Pages /Kids [3 0 R] /Count 150 >>", PAGE),  # 150 said, 1 there
+    ],
+    ids=["kids-loop", "no-leaf", "count-150"],
+)
+def test_broken_pdf_page_trees_are_415_not_500(pdf):
+    """pdfium's ``PdfiumError`` escaped ``inspect_document`` and became a 500 (issue 10)."""
+    with pytest.raises(UnsupportedMedia, match="cannot be decoded: PdfiumError"):
+        inspect_document(pdf, CFG)
+
+
+def png_bytes() -> bytes:
+    return samples.encode(samples.phototest(), "PNG")
+
+
+def test_truncated_and_corrupted_pngs_are_415_not_500():
+    """A PNG cut in half, and one whose IDAT is garbage: the page fails with 415 (before, ``getexif``
+    decoded the image outside the decoder's ``try`` and the error became a 500)."""
+    data = png_bytes()
+    idat = data.index(b"IDAT") - 4
+    length = int.from_bytes(data[idat : idat + 4], "big")
+    garbage = data[:idat] + samples.png_chunk(b"IDAT", b"\x78\x9c" + b"\xff" * length) + data[idat + 12 + length :]
+    for broken in (data[: len(data) // 2], garbage):
+        (page,) = decode_all(broken)
+        assert isinstance(page, DecodeFailure) and page.problem.status == 415
+        assert "page 1 cannot be decoded" in page.problem.detail
+
+
+def test_a_png_with_pdf_in_a_text_chunk_is_read_as_the_png():
+    """Sniffing goes by the signature at offset 0: ``%PDF-`` inside a PNG's text chunk does not
+    make it a PDF."""
+    data = png_bytes()
+    text = samples.png_chunk(b"tEXt", b"Comment\x00%PDF-1.7 not a pdf")
+    data = data[:33] + text + data[33:]  # after the signature and IHDR
+    info = inspect_document(data, CFG)
+    assert (info.kind, info.page_count) == ("image", 1)

@@ -159,11 +159,18 @@ async def job_events(request: Request, job_id: str) -> EventSourceResponse:
     state, error, pages_done, pages_total), in the order they finished, then one ``done`` event
     with the job's status. Reconnecting with ``Last-Event-ID`` resumes after that event."""
     await find_job(request, job_id)
-    try:
-        after = max(0, int(request.headers.get("last-event-id") or 0))  # event ids count from 1
-    except ValueError:
-        after = 0
+    after = last_event_id(request.headers.get("last-event-id"))
     return EventSourceResponse(_event_stream(jobs_of(request), job_id, after), ping=SSE_PING_S)
+
+
+def last_event_id(raw: str | None) -> int:
+    """The event a reconnecting client saw last: its ``Last-Event-ID`` if that is an event id (1 to
+    2**63 - 1, what the stores can hold), else 0 (replay from the start)."""
+    try:
+        after = int(raw or 0)
+    except ValueError:
+        return 0
+    return after if 0 < after < 2**63 else 0
 
 
 async def _event_stream(jobs: Jobs, job_id: str, after: int):

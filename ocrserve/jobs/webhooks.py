@@ -67,7 +67,11 @@ async def check_webhook_url(url: str, cfg: JobsConfig) -> str:
         BadRequest: another scheme, no host, a host off the allow-list, a host that does not
             resolve, or one that resolves to a non-global address while those are not allowed.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parses the port, which urlsplit leaves for later
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket, a port out of range
+        raise BadRequest(f"webhook_url={url!r}: not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadRequest(f"webhook_url={url!r}: expected an http:// or https:// URL with a host")
     host = parts.hostname

@@ -13,12 +13,13 @@ pool sized to the cores, a few pages per task, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import math
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -144,9 +145,33 @@ def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
     return sorted(chosen)
 
 
+#: Signatures at offset 0 of the image formats the preprocessor reads (Pillow's own checks).
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"II*\x00", b"MM\x00*", b"RIFF", b"BM", b"GIF8")
+
+
 def _is_pdf(head: bytes) -> bool:
-    # PDF readers accept the header anywhere in the first 1024 bytes (ISO 32000-1, annex H.3).
-    return b"%PDF-" in head[:1024]
+    """A file with an image's signature at offset 0 is that image, even with ``%PDF-`` in a text chunk;
+    otherwise a PDF is one with ``%PDF-`` in its first 1024 bytes, where PDF readers accept the
+    header (ISO 32000-1, annex H.3)."""
+    return not head.startswith(IMAGE_MAGIC) and b"%PDF-" in head[:1024]
+
+
+@contextlib.contextmanager
+def decoder_errors(what: str) -> Iterator[None]:
+    """The one place where a decoder's failure on a client's file becomes a problem: a 415 naming
+    ``what`` (``"the document"``, ``"page 3"``) and the decoder's error. Every call into Pillow and
+    pdfium runs inside it, so a decoder error cannot become a 500. Problems pass through as they
+    are; so do ``MemoryError`` and the like, which are not the file's fault alone.
+
+    Raises:
+        UnsupportedMedia: the decoder raised.
+    """
+    try:
+        yield
+    except Problem:
+        raise
+    except Exception as exc:  # Pillow and pdfium raise many types on malformed input
+        raise UnsupportedMedia(f"{what} cannot be decoded: {type(exc).__name__}: {exc}", slug="undecodable") from None
 
 
 def _read_head(source: Source, size: int = 1024) -> bytes:
@@ -157,10 +182,7 @@ def _read_head(source: Source, size: int = 1024) -> bytes:
 
 
 def _open_pdf(source: Source) -> pdfium.PdfDocument:
-    try:
-        return pdfium.PdfDocument(source if isinstance(source, bytes) else str(source))
-    except pdfium.PdfiumError as exc:
-        raise UnsupportedMedia(f"the PDF cannot be opened: {exc}", slug="undecodable") from None
+    return pdfium.PdfDocument(source if isinstance(source, bytes) else str(source))
 
 
 def _open_image(source: Source) -> Image.Image:
@@ -171,8 +193,6 @@ def _open_image(source: Source) -> Image.Image:
             "not a supported document: expected JPEG, PNG, TIFF, WebP, BMP, GIF or PDF",
             slug="unsupported-media-type",
         ) from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise UnsupportedMedia(f"the image header cannot be read: {exc}", slug="undecodable") from None
     if image.format not in IMAGE_FORMATS:
         raise UnsupportedMedia(f"{image.format} images are not supported", slug="unsupported-media-type")
     return image
@@ -200,6 +220,11 @@ def inspect_document(source: Source, cfg: PreprocessConfig) -> DocumentInfo:
     head = _read_head(source)
     if not head:
         raise UnsupportedMedia("the upload is empty", slug="empty")
+    with decoder_errors("the document"):
+        return _inspect(source, head, cfg)
+
+
+def _inspect(source: Source, head: bytes, cfg: PreprocessConfig) -> DocumentInfo:
     if _is_pdf(head):
         pdf = _open_pdf(source)
         try:
@@ -292,12 +317,8 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
         raw_w, raw_h = image.size
         shrink = out_w / width
         image.draft(image.mode, (math.ceil(raw_w * shrink), math.ceil(raw_h * shrink)))
-    try:
-        image.load()
-        oriented = ImageOps.exif_transpose(image)
-        rgb = _to_rgb(oriented)
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise UnsupportedMedia(f"page {index + 1} cannot be decoded: {exc}", slug="undecodable") from None
+    image.load()
+    rgb = _to_rgb(ImageOps.exif_transpose(image))
     if rgb.size != (out_w, out_h):
         rgb = rgb.resize((out_w, out_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
     return _page(index, rgb, width, height, cfg, started)
@@ -315,8 +336,6 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     try:
         bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
         rendered = bitmap.to_pil().convert("RGB")
-    except pdfium.PdfiumError as exc:
-        raise UnsupportedMedia(f"page {index + 1} cannot be rendered: {exc}", slug="undecodable") from None
     finally:
         page.close()
     if rendered.size != (out_w, out_h):
@@ -345,11 +364,11 @@ def decode_pages(
     Runs in a worker process. Returns, in the order of ``indices``, each page or its failure: a
     page above ``cfg.max_page_pixels`` (413) or one that cannot be decoded (415) fails alone.
     """
+    with decoder_errors("the document"):
+        document = _open_pdf(source) if info.kind == "pdf" else _open_image(source)
     if info.kind == "pdf":
-        document = _open_pdf(source)
         decode = lambda i: _render_pdf_page(document, i, cfg)  # noqa: E731
     else:
-        document = _open_image(source)
         decode = lambda i: _decode_image_page(document, info.frames[i], i, cfg)  # noqa: E731
     try:
         return [_decode_or_fail(decode, i) for i in indices]
@@ -359,7 +378,8 @@ def decode_pages(
 
 def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
     try:
-        return decode(index)
+        with decoder_errors(f"page {index + 1}"):
+            return decode(index)
     except Problem as problem:
         return DecodeFailure(index, problem)
 

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from PIL import Image
 
 from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
@@ -291,6 +292,18 @@ def test_failed_page_makes_the_job_partial(http):
     result = http.get(f"/v1/jobs/{job_id}/result").json()
     assert page_number(result["pages"][0]["text"]) == 61 and result["pages"][1]["error"]["status"] == 413
     assert result["usage"]["pages"] == 1
+
+
+def test_jobs_refuse_what_the_sync_path_refuses_and_a_broken_page_fails_once(http):
+    """A 1 x 400 strip is refused before the 202, as the synchronous path refuses it; a truncated
+    PNG in a job fails its page with 415 after one attempt, not as an engine fault (issue 10)."""
+    strip = samples.encode(Image.new("L", (1, 400), 255), "PNG")
+    assert_problem(submit(http, ("strip.png", strip)), 413, "aspect ratio 400:1")
+    png = samples.encode(numbered_page(90), "PNG")
+    status = wait_job(http, accepted(submit(http, ("cut.png", png[: len(png) // 2]))))
+    assert (status["status"], status["pages_failed"]) == ("failed", 1)
+    (error,) = status["errors"]
+    assert (error["error"]["status"], error["error"]["attempts"]) == (415, 1)
 
 
 def test_prefer_respond_async_makes_a_job(http):

@@ -252,3 +252,13 @@ def test_a_png_with_pdf_in_a_text_chunk_is_read_as_the_png():
     data = data[:33] + text + data[33:]  # after the signature and IHDR
     info = inspect_document(data, CFG)
     assert (info.kind, info.page_count) == ("image", 1)
+
+
+def test_page_counting_stops_past_the_limit():
+    """A multi-page TIFF above ``max_pages`` is refused after counting ``max_pages + 1`` frames,
+    not all of them (a 2 MB TIFF can declare 20,000)."""
+    page = Image.new("1", (8, 8), 1)
+    tiff = samples.encode(page, "TIFF", save_all=True, append_images=[page] * 59)  # 60 frames
+    cfg = CFG.model_copy(update={"max_pages": 5})
+    with pytest.raises(PayloadTooLarge, match="the document has 6 pages or more; .*max_pages=5"):
+        inspect_document(tiff, cfg)

@@ -77,16 +77,20 @@ class DocumentInfo:
 
     def select(self, pages: str | None, cfg: PreprocessConfig) -> list[int]:
         """The 0-based indices of the requested ``pages`` (``"1-3,5"``; None: all), checked before
-        any decoding. A request whose every selected page is above ``cfg.max_page_pixels`` is
-        refused; where only some are, those pages fail alone when decoded.
+        any decoding, the same way for a synchronous request and a job. A request whose every
+        selected page is above ``cfg.max_page_pixels`` is refused; where only some are, those pages
+        fail alone when decoded.
 
         Raises:
             BadRequest: malformed ranges, or a page beyond the document.
-            PayloadTooLarge: 413 naming the first too-large page and the limit.
+            PayloadTooLarge: 413 naming the first too-large page and the limit, or a page whose
+                aspect ratio no pixel budget can hold (:func:`target_size`).
         """
         indices = parse_page_ranges(pages, self.page_count)
         if indices and all(math.prod(self.sizes[i]) > cfg.max_page_pixels for i in indices):
             _check_pixels(*self.sizes[indices[0]], cfg, indices[0])
+        for i in indices:
+            target_size(*self.sizes[i], cfg)
         return indices
 
 
@@ -198,8 +202,10 @@ def _open_image(source: Source) -> Image.Image:
     return image
 
 
-def _page_frames(image: Image.Image) -> tuple[int, ...]:
-    """Frame numbers that are pages: GIFs give their first frame; TIFF overview levels are skipped."""
+def _page_frames(image: Image.Image, max_pages: int) -> tuple[int, ...]:
+    """Frame numbers that are pages: GIFs give their first frame; TIFF overview levels are skipped.
+    Counting stops at ``max_pages + 1`` pages, enough to refuse the document (a small TIFF may
+    declare tens of thousands of frames)."""
     if image.format == "GIF":
         return (0,)
     frames = []
@@ -207,6 +213,8 @@ def _page_frames(image: Image.Image) -> tuple[int, ...]:
         subfile = frame.tag_v2.get(TIFF_NEW_SUBFILE_TYPE, 0) if image.format == "TIFF" else 0
         if not subfile & 1:
             frames.append(number)
+            if len(frames) > max_pages:
+                break
     return tuple(frames) or (0,)
 
 
@@ -234,7 +242,7 @@ def _inspect(source: Source, head: bytes, cfg: PreprocessConfig) -> DocumentInfo
             pdf.close()
     else:
         image = _open_image(source)
-        frames = _page_frames(image)
+        frames = _page_frames(image, cfg.max_pages)
         _check_page_count(len(frames), cfg)
         info = DocumentInfo("image", len(frames), tuple(_frame_size(image, f) for f in frames), frames)
         image.close()
@@ -246,7 +254,7 @@ def _check_page_count(count: int, cfg: PreprocessConfig) -> None:
         raise UnsupportedMedia("the document has no pages", slug="empty")
     if count > cfg.max_pages:
         raise PayloadTooLarge(
-            f"the document has {count} pages; the limit is preprocess.max_pages={cfg.max_pages}",
+            f"the document has {count} pages or more; the limit is preprocess.max_pages={cfg.max_pages}",
             slug="too-many-pages",
         )
 

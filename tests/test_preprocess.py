@@ -6,9 +6,12 @@ import ast
 import io
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 
@@ -206,6 +209,35 @@ async def test_pool_recovers_after_a_worker_dies():
         assert pages[0].image.shape == (480, 640, 3)
     finally:
         preprocessor.close()
+
+
+def test_decoding_processes_die_with_the_gateway():
+    """``kill -9`` of the process that owns the pool takes its decoding processes with it (they
+    were left behind as orphans; issue 10)."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER], cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        workers = [psutil.Process(int(pid)) for pid in owner.stdout.readline().split()]
+        assert workers and all(w.is_running() for w in workers)
+    finally:
+        owner.kill()
+        owner.wait(30)
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE]
+
+
+OWNER = """
+import asyncio, time
+from ocrserve.config import PreprocessConfig
+from ocrserve.preprocess import Preprocessor
+async def main():
+    pre = Preprocessor(PreprocessConfig(workers=2))
+    await pre.warm_up()
+    print(*pre._pool._processes, flush=True)
+    time.sleep(600)
+asyncio.run(main())
+"""
 
 
 PAGE = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import io
+import logging
 import math
 import os
 import re
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +44,7 @@ from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 Image.MAX_IMAGE_PIXELS = None
 
 #: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
+log = logging.getLogger(__name__)
 IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
 #: TIFF tag NewSubfileType (254); bit 0 set marks a reduced-resolution copy of another image
 #: (TIFF 6.0 specification, section 8), as pyramidal TIFFs store their overview levels.
@@ -392,9 +397,28 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
         return DecodeFailure(index, problem)
 
 
-def _pool_init() -> None:
+#: ``PR_SET_PDEATHSIG`` (``linux/prctl.h``): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def _pool_init(gateway_pid: int) -> None:
     # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _die_with(gateway_pid)
+
+
+def _die_with(gateway_pid: int) -> None:
+    """Have the kernel SIGKILL this decoding process when the gateway dies, even by ``kill -9``
+    (``man 2 prctl``, ``PR_SET_PDEATHSIG``), so no orphan keeps decoding; and exit at once if it
+    died already, while this process was still starting. Linux only; elsewhere the pool's own
+    shutdown is all there is."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        log.warning("decoding process cannot ask to die with the gateway: errno %d", ctypes.get_errno())
+    if os.getppid() != gateway_pid:
+        os._exit(0)
 
 
 class Preprocessor:
@@ -412,7 +436,9 @@ class Preprocessor:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_pool_init)
+        return ProcessPoolExecutor(
+            self.workers, mp_context=get_context("spawn"), initializer=_pool_init, initargs=(os.getpid(),)
+        )
 
     async def _run(self, fn, *args):
         """``fn(*args)`` in a worker process. A pool broken by a dead worker (OOM killer, a
@@ -460,7 +486,7 @@ class Preprocessor:
     async def warm_up(self) -> None:
         """Start every worker process now rather than on the first request."""
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, _pool_init) for _ in range(self.workers)))
+        await asyncio.gather(*(loop.run_in_executor(self._pool, os.getpid) for _ in range(self.workers)))
 
     def close(self) -> None:
         """Stop the worker processes (queued work is cancelled; waits for them to exit)."""

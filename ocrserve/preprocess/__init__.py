@@ -43,8 +43,8 @@ from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 # would raise a generic error at twice its default of 89.5 Mpx.
 Image.MAX_IMAGE_PIXELS = None
 
-#: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
 log = logging.getLogger(__name__)
+#: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
 IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
 #: TIFF tag NewSubfileType (254); bit 0 set marks a reduced-resolution copy of another image
 #: (TIFF 6.0 specification, section 8), as pyramidal TIFFs store their overview levels.
@@ -177,7 +177,7 @@ def decoder_errors(what: str) -> Iterator[None]:
     """
     try:
         yield
-    except Problem:
+    except (Problem, MemoryError):
         raise
     except Exception as exc:  # Pillow and pdfium raise many types on malformed input
         raise UnsupportedMedia(f"{what} cannot be decoded: {type(exc).__name__}: {exc}", slug="undecodable") from None

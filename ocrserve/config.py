@@ -60,6 +60,9 @@ class ServerConfig(Section):
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list, description="Bearer keys; empty = no auth")
     max_upload_mb: float = Field(50.0, gt=0, description="Largest request body, MiB (413 above)")
+    read_timeout_s: float = Field(
+        30.0, gt=0, description="Longest wait for the next part of a request body, seconds (408 after it)"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
 
 

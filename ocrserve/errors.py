@@ -113,6 +113,14 @@ class DeadlinePassed(Problem):
     title = "Deadline passed"
 
 
+class RequestTimeout(Problem):
+    """408: the client stopped sending its request body (``server.read_timeout_s``)."""
+
+    status = 408
+    slug = "request-timeout"
+    title = "Request timeout"
+
+
 class ClientGone(Problem):
     """499 (nginx's "client closed request"): the client disconnected; nobody reads the answer."""
 

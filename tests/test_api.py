@@ -150,6 +150,22 @@ def test_upload_cut_short_is_a_499_not_a_500(gateway, http):
     assert post_file(http, tif).status_code == 200
 
 
+def test_a_client_that_stops_sending_its_body_gets_408():
+    """A slow client cannot hold a connection and its half upload forever: with no part of the
+    body for ``server.read_timeout_s``, the request is answered 408 and the server goes on."""
+    tif = (DATA / "phototest.tif").read_bytes()
+    multipart = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.tif"\r\n\r\n' + tif
+    with Gateway("server.read_timeout_s=0.5").wait_ready() as gw:
+        for content_type, body in (("image/tiff", tif), ("multipart/form-data; boundary=b", multipart)):
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
+                head = f"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+                sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[: len(body) // 2])
+                answer = sock.recv(65536).decode(errors="replace")  # the rest never comes
+            assert answer.startswith("HTTP/1.1 408"), answer
+            assert "server.read_timeout_s=0.5" in answer
+        assert httpx.post(gw.url + "/v1/ocr", files={"file": ("a.tif", tif)}, timeout=60).status_code == 200
+
+
 def test_deadline_passed_is_504(http):
     big = samples.encode(samples.phototest().resize((1920, 1440)), "PNG")
     assert_problem(post_file(http, big, timeout="0.01"), 504, "timeout=0.01")

@@ -75,7 +75,11 @@ def create_app(config: Config) -> FastAPI:
     app.include_router(routes.api)
     app.include_router(jobs.api)
     app.include_router(routes.ops)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=int(config.server.max_upload_mb * (1 << 20)))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=int(config.server.max_upload_mb * (1 << 20)),
+        read_timeout_s=config.server.read_timeout_s,
+    )
     app.add_middleware(MetricsMiddleware)
     app.openapi = _without_validation_errors(app.openapi)
     return app

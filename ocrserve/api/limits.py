@@ -1,15 +1,18 @@
-"""Request-body size limit, enforced before the body is parsed (ASGI middleware)."""
+"""Request-body limits, enforced before the body is parsed (ASGI middleware): its size, and how
+long a client may pause while sending it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from ocrserve.api.problems import count_too_large
-from ocrserve.errors import PayloadTooLarge
+from ocrserve.errors import PayloadTooLarge, RequestTimeout
 
 
 class BodyLimitMiddleware:
-    """Answer 413 to bodies above ``max_bytes``.
+    """Answer 413 to bodies above ``max_bytes``, and 408 to a body whose next part does not arrive
+    within ``read_timeout_s`` (a slow client cannot hold a connection and its upload forever).
 
     A ``Content-Length`` above the limit is refused before reading anything; a body without one
     (chunked) is counted as it streams and refused once it passes the limit.
@@ -17,11 +20,13 @@ class BodyLimitMiddleware:
     Args:
         app: the wrapped ASGI app.
         max_bytes: largest accepted body, bytes.
+        read_timeout_s: longest wait for the next part of the body, seconds.
     """
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, read_timeout_s: float):
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s
 
     def _problem(self) -> PayloadTooLarge:
         mib = self.max_bytes / (1 << 20)
@@ -34,13 +39,17 @@ class BodyLimitMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._refuse(send)
         seen = 0
+        body_done = False
         response_started = False
 
         async def counted_receive():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:  # what follows is only http.disconnect, which may be waited for as long as needed
+                return await receive()
+            message = await self._receive_within(receive)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     raise self._problem()
             return message
@@ -55,6 +64,25 @@ class BodyLimitMiddleware:
         except PayloadTooLarge:
             if not response_started:
                 await self._refuse(send)
+
+    async def _receive_within(self, receive) -> dict:
+        """The next ASGI message, waited for at most ``read_timeout_s``.
+
+        Raises:
+            RequestTimeout: nothing arrived in time.
+        """
+        waiting = asyncio.ensure_future(receive())
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=self.read_timeout_s)
+        except asyncio.CancelledError:
+            waiting.cancel()
+            raise
+        if not done:
+            waiting.cancel()
+            raise RequestTimeout(
+                f"the request body stopped arriving: nothing for server.read_timeout_s={self.read_timeout_s:g} s"
+            )
+        return waiting.result()
 
     async def _refuse(self, send) -> None:
         count_too_large()

@@ -6,6 +6,7 @@ import ast
 import io
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
+    WARNINGS_PER_MINUTE,
     DecodeFailure,
     Preprocessor,
     decode_pages,
@@ -294,3 +296,29 @@ def test_page_counting_stops_past_the_limit():
     cfg = CFG.model_copy(update={"max_pages": 5})
     with pytest.raises(PayloadTooLarge, match="the document has 6 pages or more; .*max_pages=5"):
         inspect_document(tiff, cfg)
+
+
+def exif_flood_png(tags: int = 2000) -> bytes:
+    """A 16 x 16 PNG whose eXIf block holds ``tags`` entries that each point past the file: Pillow
+    warns once per tag ("Tag data larger than file")."""
+    entries = b"".join(struct.pack("<HHII", 0x9000 + i, 7, 1_000_000, 0xFFFFFF00) for i in range(tags))
+    tiff = struct.pack("<2sHI", b"II", 42, 8) + struct.pack("<H", tags) + entries + b"\0\0\0\0"
+    png = samples.encode(Image.new("L", (16, 16), 255), "PNG")
+    return png[:33] + samples.png_chunk(b"eXIf", tiff) + png[33:]
+
+
+async def test_decoder_warnings_are_rate_limited_in_the_log(capfd):
+    """2,000 warnings from one page reach the log as at most WARNINGS_PER_MINUTE lines (each line
+    below 300 bytes), not as 4,000 lines of Pillow's own output (issue 10)."""
+    data = exif_flood_png()
+    preprocessor = Preprocessor(CFG.model_copy(update={"workers": 1}))
+    try:
+        await preprocessor.warm_up()
+        capfd.readouterr()
+        info = await preprocessor.inspect(data)
+        (page,) = [p async for chunk in preprocessor.pages(data, info, [0]) for p in chunk]
+    finally:
+        preprocessor.close()
+    assert not isinstance(page, DecodeFailure)  # the warnings cost nothing but log lines
+    logged = capfd.readouterr().err
+    assert logged.count("Skipping tag") <= WARNINGS_PER_MINUTE and len(logged) < 300 * WARNINGS_PER_MINUTE

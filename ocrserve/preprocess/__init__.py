@@ -23,6 +23,7 @@ import re
 import signal
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -401,10 +402,43 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
 PR_SET_PDEATHSIG = 1
 
 
+#: Decoder warnings a decoding process writes to the log per minute; the rest are counted.
+WARNINGS_PER_MINUTE = 10
+
+
 def _pool_init(gateway_pid: int) -> None:
     # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.showwarning = RateLimitedWarnings(WARNINGS_PER_MINUTE)
     _die_with(gateway_pid)
+
+
+class RateLimitedWarnings:
+    """A ``warnings.showwarning`` that logs at most ``per_minute`` warnings a minute and then one
+    line counting those it held back: a malformed file can make Pillow warn once per EXIF tag (a
+    small PNG wrote 13 MB of "Skipping tag" lines), which must not flood the gateway's log.
+
+    Args:
+        per_minute: warnings logged per 60 s window.
+    """
+
+    def __init__(self, per_minute: int):
+        self.per_minute = per_minute
+        self.window_start = 0.0
+        self.shown = 0
+        self.held = 0
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        now = time.monotonic()
+        if now - self.window_start >= 60:
+            if self.held:
+                log.warning("%d more decoder warnings in the last minute were not logged", self.held)
+            self.window_start, self.shown, self.held = now, 0, 0
+        if self.shown < self.per_minute:
+            self.shown += 1
+            log.warning("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
+        else:
+            self.held += 1
 
 
 def _die_with(gateway_pid: int) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ocrserve import metrics
+from ocrserve.alarm import within
 from ocrserve.config import Config
 from ocrserve.errors import DeadlinePassed
 from ocrserve.formats import assemble_result
@@ -137,16 +138,9 @@ class OcrService:
             DeadlinePassed: ``deadline`` passed while the chunk was being decoded (its decoding is
                 abandoned; a page in a decoding process finishes there unread).
         """
-        waiting = asyncio.ensure_future(anext(chunks))
         try:
-            await asyncio.wait({waiting}, timeout=deadline.left() if deadline else None)
-        finally:
-            if not waiting.done():
-                waiting.cancel()
-                await asyncio.gather(waiting, return_exceptions=True)
-        if waiting.cancelled():
-            raise DeadlinePassed("the deadline passed while pages were being decoded")
-        try:
-            return waiting.result()
+            return await within(anext(chunks), deadline.left() if deadline else None)
         except StopAsyncIteration:
             return None
+        except TimeoutError:
+            raise DeadlinePassed("the deadline passed while pages were being decoded") from None

@@ -3,9 +3,9 @@ long a client may pause while sending it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
+from ocrserve.alarm import within
 from ocrserve.api.problems import count_too_large
 from ocrserve.errors import PayloadTooLarge, RequestTimeout
 
@@ -71,18 +71,12 @@ class BodyLimitMiddleware:
         Raises:
             RequestTimeout: nothing arrived in time.
         """
-        waiting = asyncio.ensure_future(receive())
         try:
-            done, _ = await asyncio.wait({waiting}, timeout=self.read_timeout_s)
-        except asyncio.CancelledError:
-            waiting.cancel()
-            raise
-        if not done:
-            waiting.cancel()
+            return await within(receive(), self.read_timeout_s)
+        except TimeoutError:
             raise RequestTimeout(
                 f"the request body stopped arriving: nothing for server.read_timeout_s={self.read_timeout_s:g} s"
-            )
-        return waiting.result()
+            ) from None
 
     async def _refuse(self, send) -> None:
         count_too_large()

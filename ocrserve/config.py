@@ -137,8 +137,20 @@ class PreprocessConfig(Section):
     max_side: int = Field(0, ge=0, description="Cap on the longer side after resizing, px; 0 = none")
     max_pages: int = Field(200, ge=1, description="Pages per document (413 above)")
     max_page_pixels: int = Field(150_000_000, ge=1, description="Decoded pixels per page (413 above)")
+    max_page_bytes: int = Field(
+        640 * 2**20, ge=1, description="Decoded bytes per page: pixels x channels x bytes per sample (413 above)"
+    )
     pdf_dpi: float = Field(200.0, gt=0, description="Resolution that defines a PDF page's pixel size")
     workers: int = Field(0, ge=0, description="Decoding processes; 0 = one per core")
+    worker_memory_mb: int = Field(
+        2048, ge=256, description="Address space of each decoding process, MiB (a document needing more: 422)"
+    )
+    worker_recycle_mb: int = Field(
+        768, ge=1, description="A decoding process still holding this much after a task is replaced, MiB"
+    )
+    page_timeout_s: float = Field(
+        30.0, gt=0, description="Longest decoding time per page, seconds (the process is killed, 422)"
+    )
 
 
 class LaneConfig(Section):

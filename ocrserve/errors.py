@@ -81,6 +81,15 @@ class UnsupportedMedia(Problem):
     title = "Unsupported or undecodable file"
 
 
+class PoisonDocument(Problem):
+    """422: decoding the document exhausted its worker process (memory or time limit) or killed it;
+    it is not tried again."""
+
+    status = 422
+    slug = "poison-document"
+    title = "Document exhausts the decoder"
+
+
 class Overloaded(Problem):
     """503 (or 429 where configured): the server cannot queue more work now; see ``Retry-After``."""
 

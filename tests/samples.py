@@ -98,3 +98,38 @@ def raw_pdf(*objects: bytes) -> bytes:
 def png_chunk(kind: bytes, payload: bytes) -> bytes:
     """One PNG chunk with its length and CRC."""
     return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def blank_png(width: int, height: int, bit_depth: int = 8, color_type: int = 0) -> bytes:
+    """A valid all-zero PNG of ``width x height`` (``color_type`` 0: gray, 2: RGB), compressed row by
+    row so that a page of gigabytes is built in a second from a few hundred KB: a decompression
+    bomb inside every limit but memory."""
+    channels = {0: 1, 2: 3}[color_type]
+    row = b"\0" * (1 + width * channels * bit_depth // 8)  # filter byte 0, then the samples
+    packer = zlib.compressobj(9)
+    data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", data) + png_chunk(b"IEND", b"")
+
+
+def webp_header_bomb(width: int, height: int) -> bytes:
+    """A tiny lossy WebP whose VP8 frame header (RFC 6386, 9.1: 14-bit width and height after the
+    start code 9d 01 2a) is patched to declare ``width x height``."""
+    data = bytearray(encode(Image.new("RGB", (16, 16), "white"), "WEBP", quality=50))
+    start = data.index(b"\x9d\x01\x2a") + 3
+    data[start : start + 4] = struct.pack("<HH", width & 0x3FFF, height & 0x3FFF)
+    return bytes(data)
+
+
+def pdf_q_bomb(operators: int) -> bytes:
+    """A one-page Letter PDF whose Flate-compressed content stream inflates to ``operators``
+    unbalanced ``q`` (save graphics state) operators: each one costs the renderer a saved state."""
+    packer = zlib.compressobj(9)
+    chunk = b"q " * 100_000
+    stream = b"".join(packer.compress(chunk) for _ in range(operators // 100_000)) + packer.flush()
+    return raw_pdf(
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+    )

@@ -19,7 +19,6 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
 from ocrserve.preprocess import (
-    WARNINGS_PER_MINUTE,
     DecodeFailure,
     Preprocessor,
     decode_pages,
@@ -29,6 +28,7 @@ from ocrserve.preprocess import (
     target_size,
 )
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
+from ocrserve.preprocess.pool import WARNINGS_PER_MINUTE
 from tests import samples
 from tests.conftest import DATA
 
@@ -203,8 +203,10 @@ async def test_pool_recovers_after_a_worker_dies():
     preprocessor = Preprocessor(CFG)
     try:
         await preprocessor.warm_up()
-        for process in preprocessor._pool._processes.values():
-            os.kill(process.pid, signal.SIGKILL)  # what the OOM killer does
+        pids = preprocessor.worker_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)  # killed while idle, from outside
+        psutil.wait_procs([psutil.Process(pid) for pid in pids], timeout=30)  # reaped by their pool
         data = (DATA / "phototest.tif").read_bytes()
         info = await preprocessor.inspect(data)
         pages = [p async for chunk in preprocessor.pages(data, info, [0]) for p in chunk]
@@ -236,7 +238,7 @@ from ocrserve.preprocess import Preprocessor
 async def main():
     pre = Preprocessor(PreprocessConfig(workers=2))
     await pre.warm_up()
-    print(*pre._pool._processes, flush=True)
+    print(*pre.worker_pids(), flush=True)
     time.sleep(600)
 asyncio.run(main())
 """

@@ -4,41 +4,36 @@ A document (JPEG, PNG, TIFF, WebP, BMP, GIF, PDF) becomes a list of :class:`~ocr
 RGB arrays whose sides are multiples of the model's ``factor`` and whose area lies within
 ``[min_pixels, max_pixels]`` (the rule of Qwen2-VL's ``smart_resize``). Limits are checked before
 any pixel is decoded: bytes, pages per document, and pixels per page (decompression bombs), each a
-413 problem naming the limit; an unknown or undecodable file is a 415 problem.
+413 problem naming the limit (pixels and decoded bytes count bit depth and channels); an unknown
+or undecodable file is a 415 problem.
 
-Decoding is CPU-bound and PDFium is not thread-safe, so :class:`Preprocessor` runs it in a process
-pool sized to the cores, a few pages per task, off the event loop.
+Decoding is CPU-bound and PDFium is not thread-safe, so :class:`Preprocessor` runs it in decoding
+processes (:mod:`ocrserve.preprocess.pool`), a few pages per task, off the event loop; each is
+bounded in memory and time, so a poison document costs one 422 and nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import io
 import logging
 import math
-import os
 import re
-import signal
-import sys
 import time
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 import pypdfium2 as pdfium
-from PIL import Image, ImageCms, ImageOps, ImageSequence, UnidentifiedImageError
+from PIL import Image, ImageCms, ImageMode, ImageOps, ImageSequence, UnidentifiedImageError
 
 from ocrserve.config import PreprocessConfig
-from ocrserve.errors import BadRequest, PayloadTooLarge, Problem, UnsupportedMedia
+from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem, UnsupportedMedia
 from ocrserve.pages import Page
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
+from ocrserve.preprocess.pool import DecodePool
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
 # would raise a generic error at twice its default of 89.5 Mpx.
@@ -171,15 +166,21 @@ def decoder_errors(what: str) -> Iterator[None]:
     """The one place where a decoder's failure on a client's file becomes a problem: a 415 naming
     ``what`` (``"the document"``, ``"page 3"``) and the decoder's error. Every call into Pillow and
     pdfium runs inside it, so a decoder error cannot become a 500. Problems pass through as they
-    are; so do ``MemoryError`` and the like, which are not the file's fault alone.
+    are. It runs in a decoding process whose memory is capped (``preprocess.worker_memory_mb``), so
+    a ``MemoryError`` is the file's doing: a 422.
 
     Raises:
         UnsupportedMedia: the decoder raised.
+        PoisonDocument: decoding ran out of the process's memory.
     """
     try:
         yield
-    except (Problem, MemoryError):
+    except Problem:
         raise
+    except MemoryError:
+        raise PoisonDocument(
+            f"{what} needs more memory to decode than preprocess.worker_memory_mb allows", slug="decoder-memory"
+        ) from None
     except Exception as exc:  # Pillow and pdfium raise many types on malformed input
         raise UnsupportedMedia(f"{what} cannot be decoded: {type(exc).__name__}: {exc}", slug="undecodable") from None
 
@@ -290,11 +291,45 @@ def _check_pixels(width: int, height: int, cfg: PreprocessConfig, index: int) ->
         )
 
 
+def decoded_bytes(image: Image.Image) -> int:
+    """Bytes Pillow allocates for ``image``'s current frame when it is decoded: width x height x
+    pixel size, where an 8-bit image of 2 to 4 bands takes 4 bytes a pixel (``libImaging/Storage.c``
+    stores RGB as RGBX) and 16- and 32-bit samples take 2 and 4 bytes."""
+    mode = ImageMode.getmode(image.mode)
+    sample = np.dtype(mode.typestr).itemsize
+    return image.width * image.height * sample * (1 if len(mode.bands) == 1 else 4)
+
+
+def _check_bytes(image: Image.Image, cfg: PreprocessConfig, index: int) -> None:
+    if (size := decoded_bytes(image)) > cfg.max_page_bytes:
+        raise PayloadTooLarge(
+            f"page {index + 1} decodes to {size / 2**20:,.0f} MiB ({image.width} x {image.height}, "
+            f"mode {image.mode}); the limit is preprocess.max_page_bytes={cfg.max_page_bytes:,}",
+            slug="too-many-bytes",
+        )
+
+
+def _resized(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """``image`` resized to ``size`` in its own mode (16-bit and float included), so that colour
+    conversion runs on the small page. 1-bit and palette images, which ``Image.resize`` would
+    resample by nearest neighbour only, are widened to gray and RGB(A) first."""
+    if image.mode == "1":
+        image = image.convert("L")
+    elif image.mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.size == size:
+        return image
+    # Pillow's reduce(), the first step of reducing_gap, has no 16-bit kernels.
+    gap = None if image.mode.startswith("I;16") else 3.0
+    return image.resize(size, Image.Resampling.LANCZOS, reducing_gap=gap)
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Convert any Pillow mode to RGB: alpha flattened onto white, CMYK through its ICC profile
-    when one is embedded, 16/32-bit and float gray scaled to 8 bits."""
+    when one is embedded, 16/32-bit and float gray stretched to 8 bits. Meant for a page already
+    at its normalized size: the 16-bit path makes float copies of the page."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        data = np.asarray(image, dtype=np.float64)
+        data = np.asarray(image, dtype=np.float32)
         lo, hi = float(data.min()), float(data.max())
         scaled = (data - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(data)
         image = Image.fromarray(scaled.astype(np.uint8), "L")
@@ -304,12 +339,10 @@ def _to_rgb(image: Image.Image) -> Image.Image:
             return ImageCms.profileToProfile(image, source, ImageCms.createProfile("sRGB"), outputMode="RGB")
         except (ImageCms.PyCMSError, OSError):
             pass  # a broken profile: fall back to Pillow's naive conversion below
-    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (image.mode == "P" and "transparency" in image.info):
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
-    if image.mode == "1":
-        image = image.convert("L")
     return image.convert("RGB") if image.mode != "RGB" else image
 
 
@@ -321,9 +354,14 @@ def _oriented_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: PreprocessConfig) -> Page:
+    """Decode one frame and normalize it. The frame is checked against ``max_page_pixels`` and
+    ``max_page_bytes`` before ``getexif()`` (which decodes a PNG whole), turned upright in place and
+    resized in its own mode; only the small page is converted to RGB, so the largest allocation is
+    the decoded frame itself (a 16-bit 12000 x 12000 PNG took 3.6 GB in float64 copies)."""
     started = time.perf_counter()
     image.seek(frame)
-    _check_pixels(*image.size, cfg, index)  # before getexif(), which decodes a PNG whole
+    _check_pixels(*image.size, cfg, index)
+    _check_bytes(image, cfg, index)
     width, height = _oriented_size(image)
     out_w, out_h = target_size(width, height, cfg)
     if image.format == "JPEG" and out_w < width:
@@ -332,9 +370,8 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
         shrink = out_w / width
         image.draft(image.mode, (math.ceil(raw_w * shrink), math.ceil(raw_h * shrink)))
     image.load()
-    rgb = _to_rgb(ImageOps.exif_transpose(image))
-    if rgb.size != (out_w, out_h):
-        rgb = rgb.resize((out_w, out_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    ImageOps.exif_transpose(image, in_place=True)
+    rgb = _to_rgb(_resized(image, (out_w, out_h)))
     return _page(index, rgb, width, height, cfg, started)
 
 
@@ -398,63 +435,6 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
         return DecodeFailure(index, problem)
 
 
-#: ``PR_SET_PDEATHSIG`` (``linux/prctl.h``): the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-
-
-#: Decoder warnings a decoding process writes to the log per minute; the rest are counted.
-WARNINGS_PER_MINUTE = 10
-
-
-def _pool_init(gateway_pid: int) -> None:
-    # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    warnings.showwarning = RateLimitedWarnings(WARNINGS_PER_MINUTE)
-    _die_with(gateway_pid)
-
-
-class RateLimitedWarnings:
-    """A ``warnings.showwarning`` that logs at most ``per_minute`` warnings a minute and then one
-    line counting those it held back: a malformed file can make Pillow warn once per EXIF tag (a
-    small PNG wrote 13 MB of "Skipping tag" lines), which must not flood the gateway's log.
-
-    Args:
-        per_minute: warnings logged per 60 s window.
-    """
-
-    def __init__(self, per_minute: int):
-        self.per_minute = per_minute
-        self.window_start = 0.0
-        self.shown = 0
-        self.held = 0
-
-    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
-        now = time.monotonic()
-        if now - self.window_start >= 60:
-            if self.held:
-                log.warning("%d more decoder warnings in the last minute were not logged", self.held)
-            self.window_start, self.shown, self.held = now, 0, 0
-        if self.shown < self.per_minute:
-            self.shown += 1
-            log.warning("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
-        else:
-            self.held += 1
-
-
-def _die_with(gateway_pid: int) -> None:
-    """Have the kernel SIGKILL this decoding process when the gateway dies, even by ``kill -9``
-    (``man 2 prctl``, ``PR_SET_PDEATHSIG``), so no orphan keeps decoding; and exit at once if it
-    died already, while this process was still starting. Linux only; elsewhere the pool's own
-    shutdown is all there is."""
-    if sys.platform != "linux":
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        log.warning("decoding process cannot ask to die with the gateway: errno %d", ctypes.get_errno())
-    if os.getppid() != gateway_pid:
-        os._exit(0)
-
-
 class Preprocessor:
     """Runs :func:`inspect_document` and :func:`decode_pages` in a process pool.
 
@@ -466,36 +446,12 @@ class Preprocessor:
 
     def __init__(self, cfg: PreprocessConfig):
         self.cfg = cfg
-        self.workers = cfg.workers or os.cpu_count() or 1
-        self._pool = self._new_pool()
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            self.workers, mp_context=get_context("spawn"), initializer=_pool_init, initargs=(os.getpid(),)
-        )
-
-    async def _run(self, fn, *args):
-        """``fn(*args)`` in a worker process. A pool broken by a dead worker (OOM killer, a
-        decoder crash) is replaced and the call tried once more; a second crash blames the
-        document.
-
-        Raises:
-            UnsupportedMedia: the decoder crashed twice on this document (415).
-        """
-        loop = asyncio.get_running_loop()
-        for _attempt in range(2):
-            pool = self._pool
-            try:
-                return await loop.run_in_executor(pool, fn, *args)
-            except BrokenProcessPool:
-                if self._pool is pool:  # the first caller to notice replaces it
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    self._pool = self._new_pool()
-        raise UnsupportedMedia("the decoder crashed on this document", slug="decoder-crashed")
+        self._pool = DecodePool(cfg)
+        self.workers = self._pool.size
 
     async def inspect(self, source: Source) -> DocumentInfo:
         """Identify the document and count its pages (see :func:`inspect_document`)."""
-        return await self._run(inspect_document, source, self.cfg)
+        return await self._pool.run(inspect_document, source, self.cfg)
 
     async def pages(
         self, source: Source, info: DocumentInfo, indices: Sequence[int]
@@ -508,7 +464,8 @@ class Preprocessor:
         pending: list[asyncio.Future] = []
         try:
             for chunk in chunks:
-                pending.append(asyncio.ensure_future(self._run(decode_pages, source, info, chunk, self.cfg)))
+                decoded = self._pool.run(decode_pages, source, info, chunk, self.cfg, pages=len(chunk))
+                pending.append(asyncio.ensure_future(decoded))
                 if len(pending) >= self.workers:
                     yield await pending.pop(0)
             while pending:
@@ -518,10 +475,13 @@ class Preprocessor:
                 future.cancel()
 
     async def warm_up(self) -> None:
-        """Start every worker process now rather than on the first request."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, os.getpid) for _ in range(self.workers)))
+        """Start every decoding process now rather than on the first request."""
+        await self._pool.warm_up()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the decoding processes."""
+        return self._pool.pids()
 
     def close(self) -> None:
-        """Stop the worker processes (queued work is cancelled; waits for them to exit)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the decoding processes (queued work is cancelled; waits for them to exit)."""
+        self._pool.close()

@@ -16,6 +16,7 @@ key.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -25,7 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -53,17 +63,132 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+#: A tenant's name: it is kept with every job it owns and may appear in logs, so it is no secret.
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: Hex digits of a key's SHA-256 that name its tenant when none is configured (``key-<digits>``).
+DERIVED_TENANT_DIGITS = 8
+
+
+class ApiKey(Section):
+    """An entry of ``server.api_keys`` given as a mapping (a plain string ``k`` is ``{key: k}``):
+    the key or its SHA-256, the tenant it acts for, and its own rate limit and quota."""
+
+    key: str = Field("", repr=False, description="The bearer key itself")
+    key_sha256: str = Field(
+        "", description="Instead of key: the key's SHA-256 as 64 hex digits, so the profile does not hold the key"
+    )
+    tenant: str | None = Field(
+        None,
+        pattern=TENANT_NAME,
+        description="Owner of the jobs and Idempotency-Keys of this key (several keys may share one); "
+        f"default key-<first {DERIVED_TENANT_DIGITS} hex digits of the key's SHA-256>",
+    )
+    requests_per_s: float | None = Field(None, ge=0, description="This key's server.rate_limit.requests_per_s")
+    burst: int | None = Field(None, ge=1, description="This key's server.rate_limit.burst")
+    max_queued_pages: int | None = Field(
+        None, ge=0, description="This key's jobs.max_queued_pages_per_tenant (its submissions are checked against it)"
+    )
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        digest = value.strip().lower()
+        if digest and (len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)):
+            raise ValueError("expected 64 hex digits (the SHA-256 of the key)")
+        return digest
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ApiKey:
+        if bool(self.key) == bool(self.key_sha256):
+            raise ValueError("give exactly one of key and key_sha256")
+        return self
+
+    @property
+    def sha256(self) -> str:
+        """The key's SHA-256, hex (FIPS 180-4)."""
+        return self.key_sha256 or hashlib.sha256(self.key.encode()).hexdigest()
+
+    @property
+    def tenant_name(self) -> str:
+        """The configured tenant, else ``key-`` and the first hex digits of :attr:`sha256`."""
+        return self.tenant or f"key-{self.sha256[:DERIVED_TENANT_DIGITS]}"
+
+
+#: An entry of ``server.api_keys``: a string is the key itself; a mapping an :class:`ApiKey` (errors
+#: name the kind they were read as).
+KeyEntry = Annotated[
+    Annotated[str, Tag("string")] | Annotated[ApiKey, Tag("mapping")],
+    Discriminator(lambda entry: "string" if isinstance(entry, str) else "mapping"),
+]
+
+
+class RateLimitConfig(Section):
+    """Token buckets (RFC 2697's committed rate and burst size) kept in each gateway process's
+    memory: several gateways each allow the full rate."""
+
+    requests_per_s: float = Field(
+        0.0,
+        ge=0,
+        description="Requests per second each API key may make on average (with no keys: each client "
+        "address); 0 = no limit",
+    )
+    burst: int = Field(20, ge=1, description="Requests it may make at once before requests_per_s applies")
+    failed_auth_per_s: float = Field(
+        1.0,
+        ge=0,
+        description="Failed authentications (401, 403) per second a client address may make on average; beyond "
+        "them every request from it gets 429 until the bucket refills; 0 = no limit",
+    )
+    failed_auth_burst: int = Field(10, ge=1, description="Failed authentications it may make at once")
+
+
 class ServerConfig(Section):
     """The gateway's HTTP server."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_keys: list[str] = Field(default_factory=list, description="Bearer keys; empty = no auth")
+    api_keys: list[KeyEntry] = Field(
+        default_factory=list,
+        description="Bearer keys: strings, or mappings {key or key_sha256, tenant, requests_per_s, burst, "
+        "max_queued_pages}; empty = no auth, every job the anonymous tenant's",
+    )
+    rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
+    protect_ops: bool = Field(
+        False, description="/metrics, /docs, /redoc and /openapi.json need a key too (/healthz, /readyz stay open)"
+    )
     max_upload_mb: float = Field(50.0, gt=0, description="Largest request body, MiB (413 above)")
     read_timeout_s: float = Field(
         30.0, gt=0, description="Longest wait for the next part of a request body, seconds (408 after it)"
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a request's headers may take to arrive, seconds (408 and close after it)"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+
+    def key_entries(self) -> list[ApiKey]:
+        """Every entry of :attr:`api_keys` as an :class:`ApiKey`."""
+        return [as_api_key(entry) for entry in self.api_keys]
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_keys(cls, entries: list[str | ApiKey]) -> list[str | ApiKey]:
+        """No key twice, and no tenant name derived from a key that another entry gets too (two keys
+        whose SHA-256 begin alike): either would merge tenants unseen. Errors name entries by position."""
+        keys = [as_api_key(entry) for entry in entries]
+        digests = [k.sha256 for k in keys]
+        for n, digest in enumerate(digests):
+            if digests.index(digest) != n:
+                raise ValueError(f"entries {digests.index(digest)} and {n} are the same key")
+        for n, k in enumerate(keys):
+            others = [m for m, o in enumerate(keys) if m != n and o.tenant_name == k.tenant_name]
+            if k.tenant is None and others:
+                raise ValueError(f"entries {others[0]} and {n} both get tenant {k.tenant_name}: name their tenants")
+        return entries
+
+
+def as_api_key(entry: str | ApiKey) -> ApiKey:
+    """An entry of ``server.api_keys`` as an :class:`ApiKey` (a plain string is its ``key``)."""
+    return ApiKey(key=entry) if isinstance(entry, str) else entry
 
 
 class OnnxEngineConfig(Section):
@@ -269,6 +394,19 @@ class StoreConfig(Section):
         description="Answer synchronous POST /v1/ocr from the dedup cache too (jobs always use it); off by "
         "default so that load tests and benchmarks measure the engine",
     )
+    probe_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between checks that the job store takes a write and the data folder a file "
+        "(/readyz reports the last); while one fails, checks start at 0.5 s and double up to this; "
+        "also the Retry-After of the 503s meanwhile",
+    )
+    min_free_mb: float = Field(
+        64.0,
+        ge=0,
+        description="Once the data folder filled up (507s), MB that must be free again before jobs are "
+        "accepted again, so that one upload does not fill it at once",
+    )
 
     @field_validator("data_dir")
     @classmethod
@@ -296,6 +434,12 @@ class JobsConfig(Section):
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before the first retry, seconds; doubles each try")
     retry_backoff_max_s: float = Field(120.0, gt=0, description="Cap of the retry wait, seconds")
     max_files: int = Field(100, ge=1, description="Documents in one job (400 above)")
+    max_queued_pages_per_tenant: int = Field(
+        0,
+        ge=0,
+        description="Pages a tenant may have queued or running across its jobs; a job that would pass it "
+        "gets 429; 0 = no limit (an API key's max_queued_pages overrides it)",
+    )
     max_priority: int = Field(9, ge=0, le=99, description="Jobs take priority 0..max_priority; higher runs first")
     events_poll_s: float = Field(0.25, gt=0, description="Seconds between store reads of an open event stream")
     retention_s: float = Field(

@@ -98,6 +98,36 @@ class Overloaded(Problem):
     title = "Overloaded"
 
 
+class TooManyRequests(Problem):
+    """429 (RFC 6585 section 4): the client's rate limit or its tenant's quota is used up; see ``Retry-After``."""
+
+    status = 429
+    slug = "rate-limited"
+    title = "Too many requests"
+
+
+class StoreUnavailable(Problem):
+    """503: the job store (or the data folder) is not taking writes now; see ``Retry-After``."""
+
+    status = 503
+    slug = "store-unavailable"
+    title = "Job store unavailable"
+
+
+class InsufficientStorage(Problem):
+    """507 (RFC 4918 section 11.5): the data folder is full, so an upload or a job cannot be kept.
+
+    507 rather than 503: the server is not busy, it is out of room, which waiting a few seconds
+    does not cure (an operator, or retention, must free space). Clients and monitors can tell the
+    two apart, and generic retry-on-503 loops do not re-send whole uploads into a full disk. No
+    ``Retry-After`` for the same reason.
+    """
+
+    status = 507
+    slug = "insufficient-storage"
+    title = "Insufficient storage"
+
+
 class EngineUnavailable(Problem):
     """503: the OCR engine is not loaded or not answering."""
 

@@ -9,10 +9,12 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from ocrserve import __version__, metrics
+from ocrserve import __version__, heap, metrics
 from ocrserve.api import jobs, problems, routes
+from ocrserve.api.auth import Gate, ProtectOps, ops_paths
 from ocrserve.api.limits import BodyLimitMiddleware
 from ocrserve.api.observe import MetricsMiddleware
+from ocrserve.api.ratelimit import RateLimitHeaders
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.jobs.runtime import Jobs
@@ -31,6 +33,7 @@ async def _warm_up(app: FastAPI) -> None:
         log.exception("engine failed to start")
         state.engine_error = f"{type(exc).__name__}: {exc}"
         return
+    heap.trim()  # loading the models freed hundreds of MiB that glibc would keep
     metrics.ENGINE_READY.set(1)
     log.info("engine %s ready with %d slots", state.engine.model, state.engine.slots)
 
@@ -71,6 +74,7 @@ def create_app(config: Config) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.config = config
+    app.state.gate = Gate(config)
     problems.install(app)
     app.include_router(routes.api)
     app.include_router(jobs.api)
@@ -80,7 +84,10 @@ def create_app(config: Config) -> FastAPI:
         max_bytes=int(config.server.max_upload_mb * (1 << 20)),
         read_timeout_s=config.server.read_timeout_s,
     )
+    if config.server.protect_ops:
+        app.add_middleware(ProtectOps, paths=ops_paths(app))
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RateLimitHeaders)
     app.openapi = _without_validation_errors(app.openapi)
     return app
 

@@ -1,12 +1,32 @@
-"""API-key authentication: ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
+"""API-key authentication (``Authorization: Bearer <key>`` or ``X-API-Key: <key>``), tenants and
+rate limits.
+
+:class:`Gate` finds whom a request acts for (:mod:`ocrserve.api.tenants`) and weighs it against
+two kinds of token bucket (:mod:`ocrserve.api.ratelimit`): each key's requests
+(``server.rate_limit.requests_per_s``; with no keys, each client address's), and each client
+address's failed authentications (``failed_auth_per_s``). An address that used up the latter gets
+429 for every request, valid key or not, until its bucket refills: a client guessing keys learns
+nothing from answers beyond its allowance. Behind a reverse proxy the address is the proxy's unless
+uvicorn trusts its ``X-Forwarded-For`` (``--forwarded-allow-ips``).
+"""
 
 from __future__ import annotations
 
-import hmac
+from fastapi import FastAPI, Request
 
-from fastapi import Request
+from ocrserve.api.problems import problem_response
+from ocrserve.api.ratelimit import Limit, RateLimiter, Verdict, advertise
+from ocrserve.api.tenants import KeyRing, Principal
+from ocrserve.config import Config
+from ocrserve.errors import Problem, TooManyRequests
 
-from ocrserve.errors import Problem
+#: ``request.state`` attribute holding the request's :class:`Principal` once authenticated.
+PRINCIPAL_ATTRIBUTE = "principal"
+#: Policy name of the failed-authentication limit in the RateLimit fields.
+FAILED_AUTH_POLICY = "failed-auth"
+FAILED_AUTH_SETTING = "server.rate_limit.failed_auth_per_s and failed_auth_burst"
+#: The Prometheus route, which ``server.protect_ops`` guards besides FastAPI's documentation.
+METRICS_PATH = "/metrics"
 
 
 class Unauthorized(Problem):
@@ -33,18 +53,119 @@ def presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-async def require_api_key(request: Request) -> None:
-    """FastAPI dependency: pass when ``server.api_keys`` is empty or the key matches one.
+def client_address(request: Request) -> str:
+    """The client's IP address as uvicorn reports it ("unknown" without one)."""
+    return request.client.host if request.client else "unknown"
 
-    Raises:
-        Unauthorized: keys are configured and none was sent.
-        Forbidden: the key sent matches none (compared in constant time).
+
+class Gate:
+    """Authentication and rate limits of one gateway process (its buckets are in memory).
+
+    Args:
+        config: the profile (``server.api_keys``, ``server.rate_limit``, ``jobs.max_queued_pages_per_tenant``).
     """
-    keys: list[str] = request.app.state.config.server.api_keys
-    if not keys:
-        return
-    key = presented_key(request)
-    if key is None:
-        raise Unauthorized("send Authorization: Bearer <key> or X-API-Key", headers={"WWW-Authenticate": "Bearer"})
-    if not any(hmac.compare_digest(key.encode(), k.encode()) for k in keys):
-        raise Forbidden("the API key is not valid")
+
+    def __init__(self, config: Config):
+        self.keys = KeyRing(config)
+        limits = config.server.rate_limit
+        self.failed_auth = (
+            Limit(FAILED_AUTH_POLICY, limits.failed_auth_per_s, limits.failed_auth_burst, FAILED_AUTH_SETTING)
+            if limits.failed_auth_per_s
+            else None
+        )
+        self.requests = RateLimiter()
+        self.failures = RateLimiter()
+
+    def authenticate(self, request: Request) -> Principal:
+        """Whom ``request`` acts for; the first call per request checks and counts it, later ones
+        return the same principal.
+
+        Raises:
+            Unauthorized: keys are configured and none was sent.
+            Forbidden: the key sent is none of them.
+            TooManyRequests: the key's (or, without keys, the address's) requests, or the
+                address's failed authentications, are over their limit.
+        """
+        known = getattr(request.state, PRINCIPAL_ATTRIBUTE, None)
+        if known is not None:
+            return known
+        address = client_address(request)
+        principal = self._identify(request, address) if self.keys else self.keys.anonymous
+        if principal.limit is not None:
+            verdict = self.requests.take(principal.key_sha256 or address, principal.limit)
+            advertise(request, verdict)
+            if not verdict.allowed:
+                raise _refusal(verdict, principal.limit, "requests of this API key" if self.keys else "requests")
+        setattr(request.state, PRINCIPAL_ATTRIBUTE, principal)
+        return principal
+
+    def _identify(self, request: Request, address: str) -> Principal:
+        """The principal of the request's key, counting a failure against ``address``."""
+        if self.failed_auth is not None:
+            verdict = self.failures.peek(address, self.failed_auth)
+            if not verdict.allowed:
+                advertise(request, verdict)
+                raise _refusal(verdict, self.failed_auth, f"failed authentications from {address}")
+        key = presented_key(request)
+        principal = self.keys.match(key) if key is not None else None
+        if principal is not None:
+            return principal
+        headers = {}
+        if self.failed_auth is not None:
+            verdict = self.failures.take(address, self.failed_auth)
+            advertise(request, verdict)
+            headers = verdict.headers
+        if key is None:
+            raise Unauthorized(
+                "send Authorization: Bearer <key> or X-API-Key", headers={**headers, "WWW-Authenticate": "Bearer"}
+            )
+        raise Forbidden("the API key is not valid", headers=headers)
+
+
+def _refusal(verdict: Verdict, limit: Limit, what: str) -> TooManyRequests:
+    """The 429 of ``what`` over ``limit``."""
+    return TooManyRequests(
+        f"too many {what}: at most {limit.burst} at once and {limit.rate:g} per second ({limit.setting}); "
+        f"retry in {verdict.retry_after_s} s",
+        headers=verdict.headers,
+    )
+
+
+def principal_of(request: Request) -> Principal:
+    """Whom ``request`` acts for (see :meth:`Gate.authenticate`)."""
+    return request.app.state.gate.authenticate(request)
+
+
+async def require_api_key(request: Request) -> Principal:
+    """FastAPI dependency: authenticate and rate-limit the request (:meth:`Gate.authenticate`,
+    whose errors it raises); passes every request as the anonymous tenant when ``server.api_keys``
+    is empty."""
+    return principal_of(request)
+
+
+def ops_paths(app: FastAPI) -> frozenset[str]:
+    """What ``server.protect_ops`` guards: ``/metrics`` and the app's OpenAPI schema and documentation."""
+    urls = (METRICS_PATH, app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    return frozenset(url for url in urls if url)
+
+
+class ProtectOps:
+    """Pure ASGI middleware (``server.protect_ops``): requests for ``paths`` are authenticated and
+    limited as the API's are, and refused with the same problems.
+
+    Args:
+        app: the ASGI app inside.
+        paths: the guarded paths (:func:`ops_paths`).
+    """
+
+    def __init__(self, app, paths: frozenset[str]):
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] in self.paths:
+            try:
+                principal_of(Request(scope, receive))
+            except Problem as problem:
+                return await problem_response(problem)(scope, receive, send)
+        await self.app(scope, receive, send)

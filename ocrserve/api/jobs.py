@@ -3,6 +3,9 @@
 Also :func:`accept_job`, which ``POST /v1/ocr`` calls for ``Prefer: respond-async`` (RFC 7240).
 Events are read from the job store, not from this process, so a client may follow a job on any
 gateway sharing the store, and reconnect with ``Last-Event-ID`` to any of them.
+
+A job belongs to the tenant of the key that submitted it (:mod:`ocrserve.api.tenants`): for any
+other tenant it does not exist (404, the answer to an unknown id).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from ocrserve.api.auth import require_api_key
+from ocrserve.api.auth import principal_of, require_api_key
 from ocrserve.api.params import AnyCaseFormat, IdempotencyKey, JobParams, job_params, prefers_async, render
 from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.schemas import Problem as ProblemSchema
@@ -26,7 +29,6 @@ from ocrserve.jobs.results import job_result, job_status
 from ocrserve.jobs.runtime import Jobs
 from ocrserve.store.records import Job, JobStatus
 
-api = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"], route_class=UploadRoute)
 #: Seconds between keep-alive comments on an idle event stream.
 SSE_PING_S = 15
 
@@ -43,12 +45,34 @@ _problems = {
     code: {"model": ProblemSchema, "content": {PROBLEM_JSON: {}}, "description": what}
     for code, what in {
         400: "bad parameter or refused webhook_url",
-        404: "unknown job",
+        401: "no API key (server.api_keys is set)",
+        403: "the API key is not valid",
+        404: "unknown job, or another tenant's",
         409: "Idempotency-Key reused with another request, or the job's state",
         413: "too many bytes, pixels or pages",
         415: "unsupported or undecodable file",
+        422: "the document exhausts or kills its decoding process (memory or time limit)",
+        429: "the key's rate limit, the address's failed authentications or (on submission) the tenant's "
+        "quota of queued pages; see Retry-After",
+        503: "the job store is failing; see Retry-After",
+        507: "the data folder is full: the job cannot be kept",
     }.items()
 }
+_problems[429]["headers"] = {
+    name: {"description": what, "schema": {"type": "string" if name != "Retry-After" else "integer"}}
+    for name, what in {
+        "Retry-After": "seconds until a retry may succeed",
+        "RateLimit-Policy": "the limit (draft-ietf-httpapi-ratelimit-headers), also on allowed responses",
+        "RateLimit": "what is left of it, also on allowed responses",
+    }.items()
+}
+
+api = APIRouter(
+    dependencies=[Depends(require_api_key)],
+    tags=["jobs"],
+    route_class=UploadRoute,
+    responses={code: _problems[code] for code in (401, 403, 429)},
+)
 
 
 def jobs_of(request: Request) -> Jobs:
@@ -64,10 +88,18 @@ async def accept_job(
 
     An ``Idempotency-Key`` seen before with the same request answers with the earlier job
     (``Idempotent-Replayed: true``). ``X-Cache: hit`` when every page came from the dedup cache.
-    ``Preference-Applied: respond-async`` when the request's ``Prefer`` asked for it.
+    ``Preference-Applied: respond-async`` when the request's ``Prefer`` asked for it. The job, and
+    the ``Idempotency-Key``, are the tenant's of the request's API key, under its quota of queued pages.
     """
+    principal = principal_of(request)
     try:
-        submission = await jobs_of(request).intake.submit(uploads, params.terms(), idempotency_key or "")
+        submission = await jobs_of(request).intake.submit(
+            uploads,
+            params.terms(),
+            idempotency_key or "",
+            tenant=principal.tenant,
+            max_queued_pages=principal.max_queued_pages,
+        )
     finally:
         for upload in uploads:
             upload.file.close()
@@ -80,9 +112,10 @@ async def accept_job(
 
 
 async def find_job(request: Request, job_id: str) -> Job:
-    """The job, or a 404 problem."""
+    """The job, if the request's tenant owns it; else the 404 of an unknown id, so that whether
+    another tenant's job exists does not show."""
     job = await jobs_of(request).store.get(job_id)
-    if job is None:
+    if job is None or job.tenant != principal_of(request).tenant:
         raise NotFound(f"no job {job_id!r} (unknown, or deleted after jobs.retention_s)", slug="job-not-found")
     return job
 

@@ -1,10 +1,11 @@
 """Request-body limits, enforced before the body is parsed (ASGI middleware): its size, and how
-long a client may pause while sending it."""
+long a client may pause while sending it; after a large body, its memory goes back to the kernel."""
 
 from __future__ import annotations
 
 import json
 
+from ocrserve import heap
 from ocrserve.alarm import within
 from ocrserve.api.problems import count_too_large
 from ocrserve.errors import PayloadTooLarge, RequestTimeout
@@ -64,6 +65,9 @@ class BodyLimitMiddleware:
         except PayloadTooLarge:
             if not response_started:
                 await self._refuse(send)
+        finally:
+            if seen >= heap.LARGE_BODY_BYTES:
+                heap.trim()  # the body's copies (raw, parsed, spooled) are freed by now
 
     async def _receive_within(self, receive) -> dict:
         """The next ASGI message, waited for at most ``read_timeout_s``.

@@ -12,6 +12,7 @@ from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
 from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem
+from ocrserve.store.health import FAULT_TYPES
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -70,6 +71,16 @@ async def _on_disconnect(request: Request, exc: ClientDisconnect) -> JSONRespons
     return problem_response(ClientGone("the client disconnected before its upload was complete"))
 
 
+async def _on_storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """A storage fault (the job store or data folder failing under a job's status, result, events
+    or cancel) is the store health's 503 or 507, logged once per outage; other errors of these
+    types are a 500."""
+    health = request.app.state.jobs.health
+    if health.report(exc):
+        return problem_response(health.refusal())
+    return await _on_unexpected(request, exc)
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return _generic(500, "Internal error", f"{type(exc).__name__}: the server logged the details", "internal")
@@ -81,4 +92,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(ClientDisconnect, _on_disconnect)
+    for kind in FAULT_TYPES:
+        app.add_exception_handler(kind, _on_storage_error)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -29,8 +29,9 @@ _problem_docs = {
         403: "bad API key",
         413: "too many bytes, pixels or pages",
         415: "unsupported or undecodable file",
-        503: "engine not ready",
+        503: "engine not ready, or (Prefer: respond-async) the job store failing; see Retry-After",
         504: "deadline passed",
+        507: "(Prefer: respond-async) the data folder is full: the job cannot be kept",
     }.items()
 }
 
@@ -117,13 +118,21 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@ops.get("/readyz", summary="Readiness", responses={503: _problem_docs[503]})
+@ops.get(
+    "/readyz",
+    summary="Readiness",
+    responses={503: {**_problem_docs[503], "description": "engine not ready, or the job store failing"}},
+)
 async def readyz(request: Request) -> dict:
-    """200 once the engine is loaded and warmed up; 503 before (or if loading failed)."""
+    """200 once the engine is loaded and warmed up and the job store takes writes (checked every
+    ``store.probe_interval_s``); 503 before, if loading failed, or while the store fails (read-only,
+    I/O errors, full, unreachable), with ``Retry-After``. A full data folder does not make it 503:
+    synchronous OCR still works; job submissions get 507."""
     error = request.app.state.engine_error
     if error:
         raise EngineUnavailable(f"the OCR engine failed to start: {error}")
     require_ready(request)
+    request.app.state.jobs.health.require_store()
     return {"status": "ready", "model": request.app.state.engine.model}
 
 

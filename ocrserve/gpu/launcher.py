@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -37,6 +38,7 @@ import uvicorn
 
 from ocrserve import backoff
 from ocrserve.api import create_app
+from ocrserve.api.header_timeout import HeaderTimeoutProtocol
 from ocrserve.config import Config, VllmConfig
 from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
@@ -91,13 +93,15 @@ def gateway_command(config: Config) -> list[str]:
 
 
 def uvicorn_config(config: Config) -> uvicorn.Config:
-    """uvicorn settings of the gateway for ``config``."""
+    """uvicorn settings of the gateway for ``config``: its app, address, log level, drain time, and
+    HTTP protocol with the ``server.header_timeout_s`` deadline on request headers."""
     return uvicorn.Config(
         create_app(config),
         host=config.server.host,
         port=config.server.port,
         log_level=config.server.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=functools.partial(HeaderTimeoutProtocol, header_timeout_s=config.server.header_timeout_s),
     )
 
 

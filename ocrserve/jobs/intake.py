@@ -3,8 +3,10 @@
 Everything that can refuse a job happens here, before the 202: parameters (400), the webhook
 URL (400, see ``ocrserve.jobs.webhooks``), each document's type and limits (413/415, by
 :meth:`~ocrserve.preprocess.Preprocessor.inspect`, which decodes no pixels) and an
-``Idempotency-Key`` reused with another request (409). Uploads stream to ``staging/`` while they
-are hashed and move into the job's folder once it is accepted.
+``Idempotency-Key`` reused with another request (409) and the tenant's quota of queued pages
+(429, ``jobs.max_queued_pages_per_tenant``). Uploads stream to ``staging/`` while they are hashed and
+move into the job's folder once it is accepted. A job is refused at once while the storage fails
+(503 or 507, see ``ocrserve.store.health``); a refused job leaves none of its files behind.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from ocrserve.preprocess import Preprocessor
 from ocrserve.store.base import JobStore
 from ocrserve.store.cache import DedupCache
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Document, Job, JobStatus, Outcome, PageState
+from ocrserve.store.health import StoreHealth
+from ocrserve.store.records import ANONYMOUS, Document, Job, JobStatus, Outcome, PageState
 
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 255
@@ -89,6 +92,8 @@ class Intake:
         preprocessor: inspects each document (page count, sizes, limits).
         model: the engine's model id, recorded with the job.
         on_submit: called after a new job is stored (wakes the local worker).
+        health: the storage's state: a job is refused at once while the store fails (503) or the
+            data folder is full (507), and a storage fault while it is taken becomes one of those.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Intake:
         preprocessor: Preprocessor,
         model: str,
         on_submit: Callable[[], None],
+        health: StoreHealth,
     ):
         self.config = config
         self.store = store
@@ -108,15 +114,29 @@ class Intake:
         self.preprocessor = preprocessor
         self.model = model
         self.on_submit = on_submit
+        self.health = health
 
-    async def submit(self, uploads: list[Upload], params: dict[str, str], idempotency_key: str = "") -> Submission:
+    async def submit(
+        self,
+        uploads: list[Upload],
+        params: dict[str, str],
+        idempotency_key: str = "",
+        *,
+        tenant: str = ANONYMOUS,
+        max_queued_pages: int = 0,
+    ) -> Submission:
         """Accept a job of ``uploads`` with ``params`` (``pages``, ``priority``, ``webhook_url``, and
         ``timeout``: seconds, already validated by the API; pages not done that long after the 202
-        fail with 504).
+        fail with 504) for ``tenant``, which owns it and its ``Idempotency-Key``.
+
+        Args:
+            max_queued_pages: refuse the job when its pages would take the tenant's queued and
+                running ones above this; 0 = no quota.
 
         Raises:
             Problem: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
-                409 (``IdempotencyConflict``).
+                409 (``IdempotencyConflict``), 429 (the quota), 503 with ``Retry-After`` (the job
+                store fails), 507 (the data folder is full); a refused job leaves no file behind.
         """
         cfg = self.config.jobs
         if not uploads:
@@ -125,6 +145,7 @@ class Intake:
         webhook_url = params.get("webhook_url") or ""
         if webhook_url:
             await check_webhook_url(webhook_url, cfg)
+        self.health.require_writable()
         staged: list[Path] = []
         try:
             documents = [await self._document(upload, params.get("pages"), staged) for upload in uploads]
@@ -134,9 +155,9 @@ class Intake:
                 "webhook_url": webhook_url,
                 "timeout": float(params.get("timeout") or 0),
             }
-            return await self._store(
-                documents, staged, terms, check_idempotency_key(idempotency_key) if idempotency_key else ""
-            )
+            key = check_idempotency_key(idempotency_key) if idempotency_key else ""
+            with self.health.guard():
+                return await self._store(documents, staged, terms, key, tenant, max_queued_pages)
         finally:
             for path in staged:
                 path.unlink(missing_ok=True)  # adopted ones have moved already
@@ -144,14 +165,17 @@ class Intake:
     async def _document(self, upload: Upload, pages: str | None, staged: list[Path]) -> Document:
         """Stage, hash and inspect one upload."""
         hasher = hashlib.sha256()
-        path, size = await asyncio.to_thread(self.data.stage, upload.file, hasher)
+        with self.health.guard():
+            path, size = await asyncio.to_thread(self.data.stage, upload.file, hasher)
         staged.append(path)
         info = await self.preprocessor.inspect(path)
         indices = info.select(pages, self.config.preprocess)
         sha256 = hasher.hexdigest()
         return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
 
-    async def _store(self, documents: list[Document], staged: list[Path], terms: dict, key: str) -> Submission:
+    async def _store(
+        self, documents: list[Document], staged: list[Path], terms: dict, key: str, tenant: str, quota: int
+    ) -> Submission:
         """Store the job; ``terms`` holds its ``pages``, ``priority``, ``webhook_url`` and ``timeout``
         (0 = none), which with the documents make the request an ``Idempotency-Key`` stands for."""
         request = json.dumps({"documents": [[d.name, d.sha256] for d in documents], **terms}, sort_keys=True)
@@ -166,11 +190,12 @@ class Intake:
             webhook_url=terms["webhook_url"],
             request_hash=hashlib.sha256(request.encode()).hexdigest(),
             deadline=created + terms["timeout"] if terms["timeout"] else 0.0,
+            tenant=tenant,
         )
-        self.data.adopt(job.id, staged)
         try:
+            self.data.adopt(job.id, staged)
             finished = await self._from_cache(job)
-            stored, created = await self.store.create(job, key, finished)
+            stored, created = await self.store.create(job, key, finished, quota)
         except BaseException:
             self.data.remove_job(job.id)
             raise

@@ -1,5 +1,5 @@
-"""The job system of one gateway, wired together: store, data folder, dedup cache, intake, worker,
-webhook sender and janitor, started and stopped with the app (``ocrserve.api.app``)."""
+"""The job system of one gateway, wired together: store, data folder, their health, dedup cache,
+intake, worker, webhook sender and janitor, started and stopped with the app (``ocrserve.api.app``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ocrserve.router import Router
 from ocrserve.store import open_store
 from ocrserve.store.cache import DedupCache
 from ocrserve.store.files import DataDir
+from ocrserve.store.health import StoreHealth
 from ocrserve.store.records import Job, JobStatus, PageRecord, PageState
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Jobs:
         self.config = config
         self.store = open_store(config.store)
         self.data = DataDir(config.store.data_dir)
+        self.health = StoreHealth(self.store, self.data, config.store)
         self.cache = DedupCache(
             self.store, self.data, config.store.cache_entries, router.engine.model, config.preprocess
         )
@@ -47,6 +49,7 @@ class Jobs:
         self.worker = Worker(
             self.store,
             self.data,
+            self.health,
             preprocessor,
             router,
             config.jobs,
@@ -55,18 +58,26 @@ class Jobs:
         )
         self.janitor = Janitor(self.store, self.data, config.jobs)
         self.intake = Intake(
-            config, self.store, self.data, self.cache, preprocessor, router.engine.model, on_submit=self.worker.wake
+            config,
+            self.store,
+            self.data,
+            self.cache,
+            preprocessor,
+            router.engine.model,
+            on_submit=self.worker.wake,
+            health=self.health,
         )
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        """Start the worker, the webhook sender and the janitor on the running loop."""
+        """Start the storage probe, the worker, the webhook sender and the janitor on the running loop."""
         self._tasks = [
             asyncio.create_task(coro, name=f"ocrserve-jobs-{name}")
             for name, coro in (
+                ("health", self.health.run()),
                 ("worker", self.worker.run()),
-                ("webhooks", self.webhooks.run()),
-                ("janitor", self.janitor.run()),
+                ("webhooks", self.webhooks.run(self.health)),
+                ("janitor", self.janitor.run(self.health)),
             )
         ]
         for task in self._tasks:

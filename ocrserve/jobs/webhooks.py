@@ -39,6 +39,7 @@ from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
 from ocrserve.jobs.results import job_status
 from ocrserve.store.base import JobStore
+from ocrserve.store.health import StoreHealth
 from ocrserve.store.records import Job
 
 log = logging.getLogger(__name__)
@@ -129,13 +130,15 @@ class WebhookSender:
         """A job ended here: look for its webhook now rather than at the next poll."""
         self._alarm.ring()
 
-    async def run(self) -> None:
-        """Claim due webhooks and send each in a task of its own, until cancelled."""
+    async def run(self, health: StoreHealth) -> None:
+        """Claim due webhooks and send each in a task of its own, until cancelled; claims wait while
+        ``health`` says the store fails, and its faults are reported there, not logged each poll."""
         self._http = httpx.AsyncClient(timeout=self.cfg.webhook_timeout_s, follow_redirects=False)
         try:
             while True:
                 await self._room.acquire()
-                job = await self._claim()
+                await health.wait_store()
+                job = await self._claim(health)
                 if job is None:
                     self._room.release()
                     await self._alarm.sleep(self.cfg.poll_interval_s)
@@ -149,11 +152,12 @@ class WebhookSender:
             await asyncio.gather(*self._sending, return_exceptions=True)
             await self._http.aclose()
 
-    async def _claim(self) -> Job | None:
+    async def _claim(self, health: StoreHealth) -> Job | None:
         try:
             return await self.store.claim_webhook(self.lease_s)
-        except Exception:
-            log.warning("cannot claim webhooks from the job store", exc_info=True)
+        except Exception as exc:
+            if not health.report(exc):
+                log.warning("cannot claim webhooks from the job store", exc_info=True)
             return None
 
     def _sent(self, task: asyncio.Task) -> None:

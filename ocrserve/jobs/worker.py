@@ -23,6 +23,14 @@ deadline passed), the page fails. Claims cut short by a crash count as attempts 
 cannot do so forever. An unexpected exception (the decoding processes gone, an engine bug) also
 pauses this worker's claims, doubling while it recurs, so a broken gateway does not spend the
 attempts of every page in a shared store.
+
+Storage faults (see :mod:`ocrserve.store.health`) are reported to the gateway's
+:class:`~ocrserve.store.health.StoreHealth`, not logged per call, and claims wait while it says the
+store fails or the data folder is full. A page whose result the full folder cannot take goes back
+to the queue, its try not counted. A completion the failing store did not take is kept, result
+file and all, and recorded once the store works again: it counts then unless the page was finished
+meanwhile, and a result file that no completion counted is deleted (unless the store holds it: an
+earlier try whose answer was lost), so no result is done twice or left behind.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ from ocrserve.preprocess import DecodeFailure, Preprocessor
 from ocrserve.router import BULK, Reservation, Router
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Claim, Document, Job, Outcome, PageState
+from ocrserve.store.health import StoreHealth
+from ocrserve.store.records import Claim, Completion, Document, Job, Outcome, PageState
 from ocrserve.work import Deadline, Priority, WorkItem
 
 log = logging.getLogger(__name__)
@@ -62,6 +71,7 @@ class Worker:
 
     Args:
         store, data: the job store and data folder.
+        health: their state, consulted before claims and told of their faults.
         preprocessor, router: the app's own, shared with synchronous requests.
         cfg: the ``jobs`` section.
         owner: this worker's name in the store (host, process).
@@ -72,6 +82,7 @@ class Worker:
         self,
         store: JobStore,
         data: DataDir,
+        health: StoreHealth,
         preprocessor: Preprocessor,
         router: Router,
         cfg: JobsConfig,
@@ -80,6 +91,7 @@ class Worker:
     ):
         self.store = store
         self.data = data
+        self.health = health
         self.preprocessor = preprocessor
         self.router = router
         self.pipeline = PagePipeline(router)
@@ -92,6 +104,7 @@ class Worker:
         self._alarm = Alarm()
         self._failures = 0  # unexpected failures in a row; 0 once a page gets through
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
+        self._unrecorded: list[tuple[Claim, Attempt, Outcome]] = []  # completions the store did not take
 
     def wake(self) -> None:
         """Work was submitted here: claim now rather than at the next poll."""
@@ -132,11 +145,14 @@ class Worker:
             await asyncio.gather(heartbeat, *self._active, return_exceptions=True)
 
     async def _next_page(self) -> tuple[Claim, Reservation, contextlib.AsyncExitStack]:
-        """Wait for a ready engine (pages are not spent on one known to be down or loading), for
-        room in the bulk lane, then for a page to claim."""
+        """Wait for working storage (then record what it did not take before), for a ready engine
+        (pages are not spent on one known to be down or loading), for room in the bulk lane, then
+        for a page to claim."""
         while True:
             if (paused := self._paused_until - time.monotonic()) > 0:
                 await asyncio.sleep(paused)
+            await self.health.wait_writable()
+            await self._settle()
             while not self.router.engine.ready:
                 await asyncio.sleep(READY_POLL_S)
             admission = contextlib.AsyncExitStack()
@@ -148,8 +164,9 @@ class Worker:
                 continue
             try:
                 claimed = await self.store.claim(self.owner, 1, self.cfg.lease_s)
-            except Exception:
-                log.warning("cannot claim pages from the job store", exc_info=True)
+            except Exception as exc:
+                if not self.health.report(exc):
+                    log.warning("cannot claim pages from the job store", exc_info=True)
                 claimed = []
             except BaseException:
                 await admission.aclose()
@@ -174,15 +191,17 @@ class Worker:
             try:
                 lost = await self.store.renew(list(held.values()), self.cfg.lease_s)
                 metrics.JOB_BACKLOG.set(await self.store.backlog())
-            except Exception:
-                log.warning("cannot renew leases in the job store", exc_info=True)
+            except Exception as exc:
+                if not self.health.report(exc):
+                    log.warning("cannot renew leases in the job store", exc_info=True)
                 continue
             for task, claim in held.items():
                 if claim in lost:
                     task.cancel()
 
     async def _run(self, claim: Claim, reservation: Reservation, admission: contextlib.AsyncExitStack) -> None:
-        """One page, from claim to completion; gives the claim back if cancelled before the end."""
+        """One page, from claim to completion; gives the claim back if cancelled before the end. A
+        storage fault on the way is reported; the claim then lapses and the page runs again."""
         async with admission:
             try:
                 await self._work(claim, reservation)
@@ -190,6 +209,9 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self.store.release(claim)  # no-op when the claim was lost or cancelled
                 raise
+            except Exception as exc:
+                if not self.health.report(exc):
+                    raise
 
     async def _work(self, claim: Claim, reservation: Reservation) -> None:
         job = await self.store.get(claim.job_id)
@@ -227,24 +249,69 @@ class Worker:
         return attempt
 
     async def _complete(self, claim: Claim, attempt: Attempt) -> None:
-        """Save the page's result and finish it in the store, unless someone else already has."""
-        if attempt.problem is None:
-            path = await asyncio.to_thread(
-                self.data.write_page, claim.job_id, claim.seq, claim.token, attempt.result.to_dict()
-            )
-            outcome = Outcome(PageState.DONE, path)
-        else:
-            outcome = Outcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
-        completion = await self.store.complete(claim, outcome)
+        """Save the page's result and finish it in the store (:meth:`_record`). A result the data
+        folder cannot take (full, broken) sends the page back to the queue, this try not counted."""
+        try:
+            outcome = await self._outcome(claim, attempt)
+        except Exception as exc:
+            if not self.health.report(exc):
+                raise
+            with contextlib.suppress(Exception):
+                await self.store.release(claim)  # else its lease lapses
+            return
+        await self._record(claim, attempt, outcome)
+
+    async def _outcome(self, claim: Claim, attempt: Attempt) -> Outcome:
+        """The page's outcome, its result written to the data folder.
+
+        Raises:
+            OSError: the result could not be written (nothing of it is left).
+        """
+        if attempt.problem is not None:
+            return Outcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
+        path = await asyncio.to_thread(
+            self.data.write_page, claim.job_id, claim.seq, claim.token, attempt.result.to_dict()
+        )
+        return Outcome(PageState.DONE, path)
+
+    async def _settle(self) -> None:
+        """Record the completions the store failed to take (it works again); those it fails again
+        wait for the next recovery."""
+        unrecorded, self._unrecorded = self._unrecorded, []
+        for claim, attempt, outcome in unrecorded:
+            try:
+                await self._record(claim, attempt, outcome)
+            except Exception:
+                log.exception("job %s page %d: completion not recorded", claim.job_id, claim.seq)
+
+    async def _record(self, claim: Claim, attempt: Attempt, outcome: Outcome) -> None:
+        """Finish the page in the store, unless someone else already has; a completion the failing
+        store does not take is kept for :meth:`_settle`."""
+        try:
+            completion = await self.store.complete(claim, outcome)
+        except Exception as exc:
+            if not self.health.report(exc):
+                raise
+            self._unrecorded.append((claim, attempt, outcome))
+            return
+        await self._counted(claim, attempt, outcome, completion)
+
+    async def _counted(self, claim: Claim, attempt: Attempt, outcome: Outcome, completion: Completion) -> None:
+        """Count a completion, or drop its result file when it did not count and the store does not
+        hold that file (an earlier call of this completion may have been stored, its answer lost)."""
         if not completion.counted:
             metrics.JOB_PAGES.labels("duplicate").inc()
-            if outcome.result_path:
+            if outcome.result_path and outcome.result_path not in await self._stored_paths(claim):
                 await asyncio.to_thread(self.data.remove, outcome.result_path)
             return
         metrics.JOB_PAGES.labels(outcome.state).inc()
         self.pipeline.count_final(attempt)
         if completion.ended:
             await self.on_end(claim.job_id, completion.ended)
+
+    async def _stored_paths(self, claim: Claim) -> set[str]:
+        """The result files the store holds for the claim's page (one, or none)."""
+        return {r.result_path for r in await self.store.pages(claim.job_id) if r.seq == claim.seq and r.result_path}
 
     async def _attempt(self, claim: Claim, job: Job, reservation: Reservation) -> Attempt:
         """Decode and OCR one page through the page pipeline.

@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
+from ocrserve import heap
 from ocrserve.alarm import within
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import PoisonDocument
@@ -50,17 +51,12 @@ def _worker_init(gateway_pid: int, memory_mb: int) -> None:
 
 
 def _task(fn: Callable, args: tuple) -> Any:
-    """Run ``fn(*args)`` in the worker, then hand freed heap back to the kernel (glibc's
-    ``malloc_trim``), so a large page does not leave the worker holding its peak."""
+    """Run ``fn(*args)`` in the worker, then hand freed heap back to the kernel, so a large page
+    does not leave the worker holding its peak."""
     try:
         return fn(*args)
     finally:
-        _trim_heap()
-
-
-def _trim_heap() -> None:
-    if sys.platform == "linux":
-        ctypes.CDLL(None).malloc_trim(0)
+        heap.trim()
 
 
 class RateLimitedWarnings:
@@ -120,6 +116,18 @@ def _retrieve(done: asyncio.Future) -> None:
         done.exception()
 
 
+def _running(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is no zombie (``/proc/<pid>/stat``; True where there is
+    no ``/proc``, leaving the pool's own detection)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")
+    except (OSError, IndexError):
+        return True
+
+
 class WorkerLost(Exception):
     """A decoding process was found dead before it was given a task: not the task's fault."""
 
@@ -160,6 +168,9 @@ class _Worker:
             WorkerLost: the process had died before the task was handed to it.
             BrokenProcessPool: (from the future) the process died running the task.
         """
+        if not _running(self.pid):  # killed while idle, and its pool may not have noticed yet
+            self.dead = True
+            raise WorkerLost
         try:
             return asyncio.get_running_loop().run_in_executor(self.executor, _task, fn, args)
         except BrokenProcessPool:

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import abc
 
-from ocrserve.errors import Problem
+from ocrserve.errors import Problem, TooManyRequests
 from ocrserve.store.records import Claim, Completion, Event, Job, Outcome, PageRecord
+
+#: ``Retry-After`` of a submission refused by its tenant's quota, seconds: pages take about a
+#: second each, so some of a full queue's have finished by then.
+QUOTA_RETRY_AFTER_S = 10
 
 
 class IdempotencyConflict(Problem):
@@ -27,6 +31,16 @@ class IdempotencyConflict(Problem):
     title = "Idempotency key reused"
 
 
+def quota_exceeded(tenant: str, pending: int, adding: int, limit: int) -> TooManyRequests:
+    """The 429 of a job whose ``adding`` pages would take its tenant's ``pending`` ones above ``limit``."""
+    return TooManyRequests(
+        f"tenant {tenant or 'anonymous'} has {pending} pages queued or running; this job's {adding} more would "
+        f"pass its quota of {limit} (jobs.max_queued_pages_per_tenant, or the API key's max_queued_pages)",
+        slug="tenant-quota",
+        headers={"Retry-After": str(QUOTA_RETRY_AFTER_S)},
+    )
+
+
 class JobStore(abc.ABC):
     """Durable jobs, pages, leases, events, idempotency keys and the dedup-cache index.
 
@@ -35,23 +49,35 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     async def create(
-        self, job: Job, idempotency_key: str = "", finished: dict[int, Outcome] | None = None
+        self,
+        job: Job,
+        idempotency_key: str = "",
+        finished: dict[int, Outcome] | None = None,
+        max_pending_pages: int = 0,
     ) -> tuple[Job, bool]:
-        """Store a new job with its pages queued.
+        """Store a new job with its pages queued, all in one step.
 
         Args:
-            job: the job (status ``queued``).
-            idempotency_key: when set and seen before with the same ``job.request_hash``, the
-                earlier job is returned instead.
+            job: the job (status ``queued``), owned by ``job.tenant``.
+            idempotency_key: when set and seen before, from the same tenant, with the same
+                ``job.request_hash``, the earlier job is returned instead. Each tenant has its own keys.
             finished: outcomes of pages already known (dedup-cache hits), by ``seq``; they are
                 finished at once, with their events. A job finished entirely ends here.
+            max_pending_pages: the tenant's quota: refuse the job when its pages still to run would
+                take :meth:`pending_pages` above this; 0 = no quota.
 
         Returns:
             ``(job, created)``: the stored job, and False when it is an earlier one.
 
         Raises:
             IdempotencyConflict: the key was used with a different request.
+            TooManyRequests: the quota (see :func:`quota_exceeded`); nothing was stored.
         """
+
+    @abc.abstractmethod
+    async def pending_pages(self, tenant: str) -> int:
+        """Pages of ``tenant``'s jobs that are queued or running (jobs stored by a version without
+        tenants are not counted in the Redis store)."""
 
     @abc.abstractmethod
     async def get(self, job_id: str) -> Job | None:

@@ -9,16 +9,18 @@ at different places)::
     cache/<key[:2]>/<key>.json            dedup-cache entries: a document's page results
 
 Every file is written to a temporary name and renamed into place, so a reader never sees half a
-file, even when the writer is killed.
+file, even when the writer is killed; a write that fails (a full disk) removes what it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,10 +53,13 @@ class DataDir:
 
         Returns:
             ``(path, bytes)``. Blocking: run it off the event loop.
+
+        Raises:
+            OSError: the copy failed (``ENOSPC`` when the disk is full); the partial file is removed.
         """
         path = self.root / "staging" / secrets.token_hex(16)
         size = 0
-        with path.open("wb") as out:
+        with _removed_on_failure(path), path.open("wb") as out:
             while chunk := source.read(CHUNK):
                 hasher.update(chunk)
                 out.write(chunk)
@@ -78,12 +83,31 @@ class DataDir:
         return f"cache/{key[:2]}/{key}.json"
 
     def write_json(self, relative: str, data) -> None:
-        """Write ``data`` as JSON at ``relative``, atomically."""
+        """Write ``data`` as JSON at ``relative``, atomically.
+
+        Raises:
+            OSError: the write failed (``ENOSPC`` when the disk is full); nothing is left behind.
+        """
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
+        with _removed_on_failure(tmp):
+            tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+            os.replace(tmp, path)
+
+    def probe(self) -> int:
+        """Write and delete a one-byte file in ``staging/``; returns the bytes free to unprivileged users.
+
+        Raises:
+            OSError: the folder takes no file (``ENOSPC``/``EDQUOT`` when full, ``EROFS``, ``EIO``).
+        """
+        path = self.root / "staging" / f".probe-{secrets.token_hex(8)}"
+        try:
+            path.write_bytes(b"\0")
+        finally:
+            path.unlink(missing_ok=True)
+        stats = os.statvfs(self.root)
+        return stats.f_bavail * stats.f_frsize
 
     def read_json(self, relative: str):
         """The JSON at ``relative``.
@@ -113,3 +137,13 @@ class DataDir:
             except FileNotFoundError:
                 pass  # another gateway swept it first
         return removed
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path) -> Iterator[None]:
+    """Delete ``path`` if the block raises, so that a failed write leaves no partial file."""
+    try:
+        yield
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise

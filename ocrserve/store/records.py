@@ -52,6 +52,18 @@ class PageState(StrEnum):
     CANCELLED = "cancelled"
 
 
+#: The tenant of every job of a gateway without API keys (and of jobs stored before tenants existed).
+ANONYMOUS = ""
+#: Joins a tenant and its ``Idempotency-Key``: neither tenant names nor keys (printable ASCII) hold it.
+_SCOPE_SEPARATOR = "\x1f"
+
+
+def idempotency_scope(tenant: str, key: str) -> str:
+    """What the stores index an ``Idempotency-Key`` under, one namespace per tenant ("" for no key).
+    The anonymous tenant's keys are kept as sent, as they were before tenants existed."""
+    return f"{tenant}{_SCOPE_SEPARATOR}{key}" if tenant and key else key
+
+
 #: Statuses a job never leaves.
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED})
 
@@ -134,6 +146,8 @@ class Job:
         request_hash: sha256 of the request (files and parameters), for ``Idempotency-Key``.
         pages_ok, pages_failed: finished pages by outcome, each counted once.
         deadline: Unix seconds by which its pages must be done (the submission's ``timeout``), 0 for none.
+        tenant: who owns the job (:data:`ANONYMOUS` when the gateway has no API keys); only its
+            keys may read or cancel it.
     """
 
     id: str
@@ -148,6 +162,7 @@ class Job:
     pages_failed: int = 0
     finished: float = 0.0
     deadline: float = 0.0
+    tenant: str = ANONYMOUS
 
     @property
     def pages_total(self) -> int:

@@ -6,13 +6,14 @@ Keys, under ``store.key_prefix`` (``P``):
 
 | key | type | what |
 |---|---|---|
-| ``P:job:{id}`` | hash | ``spec`` (the job as JSON), ``status``, counters, ``rank``, ``webhook``, ``idem`` |
+| ``P:job:{id}`` | hash | ``spec`` (the job's JSON), ``status``, counters, ``rank``, ``webhook``, ``idem``, ``tenant`` |
 | ``P:page:{id}`` | hash | ``seq`` -> page JSON (document, index, state, attempts, owner, token, result_path, error) |
 | ``P:events:{id}`` | list | page events; event ``id`` = list position + 1 |
 | ``P:ready`` | zset | pages to claim, ``{id}:{seq:06d}`` scored by the job's rank (priority, then age) |
 | ``P:delayed`` | zset | pages waiting out a retry backoff, scored by when they may run |
 | ``P:leases`` | zset | claimed pages, scored by lease end; lapsed ones return to ``P:ready`` |
-| ``P:idem:{key}`` | string | job id of an ``Idempotency-Key`` |
+| ``P:idem:{scope}`` | string | job id of an ``Idempotency-Key`` (scoped to its tenant: ``records.idempotency_scope``) |
+| ``P:pending:{tenant}`` | string | the tenant's pages queued or running (absent: none) |
 | ``P:finished`` | zset | ended jobs by end time (retention) |
 | ``P:webhooks`` | zset | ended jobs whose webhook is owed, by when it may next be claimed |
 | ``P:cache`` | zset | dedup-cache keys by last use (LRU) |
@@ -27,8 +28,11 @@ import time
 from importlib import resources
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ocrserve.store.base import IdempotencyConflict, JobStore
+from ocrserve.store.base import IdempotencyConflict, JobStore, quota_exceeded
 from ocrserve.store.records import (
     Claim,
     Completion,
@@ -38,6 +42,7 @@ from ocrserve.store.records import (
     Outcome,
     PageRecord,
     PageState,
+    idempotency_scope,
     page_event,
 )
 
@@ -78,7 +83,10 @@ class RedisStore(JobStore):
 
     def __init__(self, url: str, prefix: str = "ocrserve"):
         self.prefix = prefix
-        self._redis = aioredis.Redis.from_url(url, decode_responses=True)
+        # A restarted server leaves dead connections in the pool: each call retries on a fresh one.
+        self._redis = aioredis.Redis.from_url(
+            url, decode_responses=True, retry=Retry(ExponentialBackoff(), 3), retry_on_error=[RedisConnectionError]
+        )
         self._scripts = {name: self._redis.register_script(lua_source(name)) for name in SCRIPTS}
 
     def _key(self, *parts: str) -> str:
@@ -87,12 +95,14 @@ class RedisStore(JobStore):
     async def _run(self, script: str, *args):
         return await self._scripts[script](args=[self.prefix, *args])
 
-    async def create(self, job, idempotency_key="", finished=None):
+    async def create(self, job, idempotency_key="", finished=None, max_pending_pages=0):
         refs = job.page_refs()
         finished = finished or {}
         payload = {
             "id": job.id,
-            "key": idempotency_key,
+            "key": idempotency_scope(job.tenant, idempotency_key),
+            "tenant": job.tenant,
+            "quota": max_pending_pages,
             "spec": json.dumps(job.to_json()),
             "rank": rank(job.priority, job.created),
             "webhook": "1" if job.webhook_url else "0",
@@ -100,6 +110,8 @@ class RedisStore(JobStore):
             "finished": [[seq, _outcome(o), page_event(seq, *refs[seq], o)] for seq, o in sorted(finished.items())],
         }
         created, job_id = await self._run("create", json.dumps(payload))
+        if created == -1:  # then the second value is the tenant's pending pages
+            raise quota_exceeded(job.tenant, int(job_id), len(refs) - len(finished), max_pending_pages)
         if created:
             return await self.get(job_id), True
         earlier = await self.get(job_id)
@@ -108,6 +120,9 @@ class RedisStore(JobStore):
                 f"Idempotency-Key {idempotency_key!r} was used for job {job_id} with a different request"
             )
         return earlier, False
+
+    async def pending_pages(self, tenant):
+        return int(await self._redis.get(self._key("pending", tenant)) or 0)
 
     async def get(self, job_id):
         fields = await self._redis.hgetall(self._key("job", job_id))

@@ -8,6 +8,8 @@ event loop.
 A page row's ``due`` serves both states that can be claimed: for a ``queued`` page it is when it may
 be claimed (0, or the end of a retry backoff); for a ``running`` page it is when its lease ends. So
 one indexed query finds every claimable page (``due <= now``) in priority order.
+
+A file made by an earlier version is brought up to date when opened (:data:`ADDED_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ocrserve.store.base import IdempotencyConflict, JobStore
+from ocrserve.store.base import IdempotencyConflict, JobStore, quota_exceeded
 from ocrserve.store.records import (
     TERMINAL,
     Claim,
@@ -34,6 +36,7 @@ from ocrserve.store.records import (
     PageRecord,
     PageState,
     final_status,
+    idempotency_scope,
     page_event,
 )
 
@@ -49,8 +52,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     pages_failed INTEGER NOT NULL DEFAULT 0,
     events INTEGER NOT NULL DEFAULT 0,
     spec TEXT NOT NULL,                 -- Job.to_json(): documents, model, webhook_url, request_hash
-    idempotency_key TEXT UNIQUE,
-    webhook_due REAL                    -- NULL: nothing to send; else when it may next be claimed
+    idempotency_key TEXT UNIQUE,        -- records.idempotency_scope(tenant, Idempotency-Key)
+    webhook_due REAL,                   -- NULL: nothing to send; else when it may next be claimed
+    tenant TEXT NOT NULL DEFAULT ''     -- the owner; '' = anonymous
 );
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished) WHERE finished > 0;
 CREATE INDEX IF NOT EXISTS jobs_webhook ON jobs (webhook_due) WHERE webhook_due IS NOT NULL;
@@ -84,6 +88,11 @@ CREATE TABLE IF NOT EXISTS cache (
 );
 CREATE INDEX IF NOT EXISTS cache_used ON cache (used);
 """
+#: Columns added after the first release, ``(table, column, definition)``: added to an older file
+#: when it is opened (SQLite's ``ALTER TABLE ... ADD COLUMN``), before :data:`LATE_INDEX`.
+ADDED_COLUMNS = (("jobs", "tenant", "TEXT NOT NULL DEFAULT ''"),)
+#: The index on an added column, for :meth:`SqliteStore.pending_pages`: the open jobs of a tenant.
+LATE_INDEX = "CREATE INDEX IF NOT EXISTS jobs_open ON jobs (tenant) WHERE finished = 0"
 #: Seconds a writer waits for another process's transaction before giving up.
 BUSY_TIMEOUT_S = 30.0
 
@@ -111,29 +120,23 @@ class SqliteStore(JobStore):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL syncs at checkpoints
             db.executescript(SCHEMA)
+            _migrate(db)
             self._db = db
         return self._db
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return _transaction(self._conn())
 
     # jobs --------------------------------------------------------------------------------------
 
-    async def create(self, job, idempotency_key="", finished=None):
-        return await self._call(self._create, job, idempotency_key, finished or {})
+    async def create(self, job, idempotency_key="", finished=None, max_pending_pages=0):
+        return await self._call(self._create, job, idempotency_key, finished or {}, max_pending_pages)
 
-    def _create(self, job: Job, key: str, finished: dict[int, Outcome]) -> tuple[Job, bool]:
+    def _create(self, job: Job, key: str, finished: dict[int, Outcome], quota: int) -> tuple[Job, bool]:
+        scoped = idempotency_scope(job.tenant, key)
         with self._tx() as db:
-            if key:
-                row = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
+            if scoped:
+                row = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (scoped,)).fetchone()
                 if row is not None:
                     earlier = _job(row)
                     if earlier.request_hash != job.request_hash:
@@ -141,9 +144,14 @@ class SqliteStore(JobStore):
                             f"Idempotency-Key {key!r} was used for job {earlier.id} with a different request"
                         )
                     return earlier, False
+            adding = job.pages_total - len(finished)
+            if quota and adding:
+                pending = self._pending(db, job.tenant)
+                if pending + adding > quota:
+                    raise quota_exceeded(job.tenant, pending, adding, quota)
             db.execute(
-                "INSERT INTO jobs (id, status, priority, created, pages_total, spec, idempotency_key)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, status, priority, created, pages_total, spec, idempotency_key, tenant)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job.id,
                     JobStatus.QUEUED,
@@ -151,7 +159,8 @@ class SqliteStore(JobStore):
                     job.created,
                     job.pages_total,
                     json.dumps(job.to_json()),
-                    key or None,
+                    scoped or None,
+                    job.tenant,
                 ),
             )
             db.executemany(
@@ -164,6 +173,19 @@ class SqliteStore(JobStore):
             for seq, outcome in sorted(finished.items()):
                 self._finish(db, job.id, seq, outcome)
             return _job(db.execute("SELECT * FROM jobs WHERE id = ?", (job.id,)).fetchone()), True
+
+    async def pending_pages(self, tenant):
+        return await self._call(lambda: self._pending(self._conn(), tenant))
+
+    @staticmethod
+    def _pending(db: sqlite3.Connection, tenant: str) -> int:
+        """Unfinished pages of the tenant's open jobs (``finished = 0`` until a job ends or is cancelled)."""
+        row = db.execute(
+            "SELECT COALESCE(SUM(pages_total - pages_ok - pages_failed), 0) FROM jobs"
+            " WHERE tenant = ? AND finished = 0",
+            (tenant,),
+        ).fetchone()
+        return row[0]
 
     async def get(self, job_id):
         return await self._call(self._get, job_id)
@@ -407,6 +429,28 @@ class SqliteStore(JobStore):
 
         await self._call(shut)
         self._thread.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` (take the write lock now) ... ``COMMIT``; ``ROLLBACK`` on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add :data:`ADDED_COLUMNS` missing from an older file, then :data:`LATE_INDEX`; in one
+    transaction, so that processes opening the file together do not both add a column."""
+    with _transaction(db):
+        for table, column, definition in ADDED_COLUMNS:
+            if column not in {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        db.execute(LATE_INDEX)
 
 
 def _webhook_due(row: sqlite3.Row) -> float | None:

@@ -8,13 +8,16 @@ local status = redis.call('HGET', jkey, 'status')
 if not status then return 0 end
 if TERMINAL[status] then return 1 end
 local pages = redis.call('HGETALL', pkey)
+local cancelled = 0
 for i = 1, #pages, 2 do
   local page = cjson.decode(pages[i + 1])
   if OPEN[page.state] then
     page.state, page.owner, page.token = 'cancelled', nil, nil
     redis.call('HSET', pkey, pages[i], cjson.encode(page))
     unclaim(string.format('%s:%06d', job, tonumber(pages[i])))
+    cancelled = cancelled + 1
   end
 end
+unpend(job, cancelled)
 job_ended(job, 'cancelled')
 return 1

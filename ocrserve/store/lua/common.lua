@@ -4,7 +4,8 @@
 -- ARGV[1]: the key prefix P (``store.key_prefix``); each script's own arguments follow from ARGV[2].
 -- Defines: P; now (the server's clock, Unix seconds, from TIME); TERMINAL (job statuses that never
 -- change) and OPEN (queued, running); unclaim(member) (out of P:ready, P:delayed and P:leases);
--- job_ended(job, status) (status, end time, P:finished, P:webhooks if it has one); and
+-- job_ended(job, status) (status, end time, P:finished, P:webhooks if it has one); unpend(job, n)
+-- (n of the job's pages no longer queued or running: off its tenant's P:pending:{tenant} count); and
 -- finish(job, seq, member, outcome, event), which finishes a page once and ends its job after the
 -- last page, returning {1 if counted else 0, the job's final status or ''}.
 
@@ -27,6 +28,15 @@ local function job_ended(job, status)
   if redis.call('HGET', jkey, 'webhook') == '1' then redis.call('ZADD', P .. ':webhooks', now, job) end
 end
 
+-- Jobs stored before tenants existed have no tenant field and were never counted.
+local function unpend(job, n)
+  local tenant = redis.call('HGET', P .. ':job:' .. job, 'tenant')
+  if tenant and n > 0 then
+    local key = P .. ':pending:' .. tenant
+    if redis.call('DECRBY', key, n) <= 0 then redis.call('DEL', key) end
+  end
+end
+
 -- Finish page `seq` of `job` unless it (or its job) already has; returns {counted, ended status}.
 local function finish(job, seq, member, outcome, event)
   local jkey, pkey = P .. ':job:' .. job, P .. ':page:' .. job
@@ -38,6 +48,7 @@ local function finish(job, seq, member, outcome, event)
   page.state, page.result_path, page.error, page.owner, page.token = outcome.state, outcome.result_path, outcome.error, nil, nil
   redis.call('HSET', pkey, seq, cjson.encode(page))
   unclaim(member)
+  unpend(job, 1)
   redis.call('HINCRBY', jkey, outcome.state == 'failed' and 'pages_failed' or 'pages_ok', 1)
   local ok = tonumber(redis.call('HGET', jkey, 'pages_ok'))
   local failed = tonumber(redis.call('HGET', jkey, 'pages_failed'))

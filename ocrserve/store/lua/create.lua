@@ -1,18 +1,29 @@
--- create.lua: store a new job and queue its pages, unless its Idempotency-Key names an earlier job.
--- ARGV[2]: JSON {id, key (Idempotency-Key or ''), spec (the job's JSON), rank (P:ready score),
+-- create.lua: store a new job and queue its pages, unless its Idempotency-Key names an earlier job
+-- or its tenant's quota of pending pages is used up.
+-- ARGV[2]: JSON {id, key (records.idempotency_scope of the Idempotency-Key, or ''), tenant, quota
+--   (the tenant's most pages queued or running; 0 = none), spec (the job's JSON), rank (P:ready score),
 --   webhook ('1' or '0'), pages ([[document, index], ...] by seq), finished ([[seq, outcome, event], ...]:
 --   pages already done from the dedup cache)}.
--- Returns {1, id} when created, {0, id of the earlier job} when the key was taken.
+-- Returns {1, id} when created, {0, id of the earlier job} when the key was taken, {-1, the tenant's
+-- pending pages} when the job's pages would take them above the quota (nothing stored).
 
 local a = cjson.decode(ARGV[2])
+local pending = P .. ':pending:' .. a.tenant
 if a.key ~= '' then
   local earlier = redis.call('GET', P .. ':idem:' .. a.key)
   if earlier then return {0, earlier} end
-  redis.call('SET', P .. ':idem:' .. a.key, a.id)
 end
+local adding = #a.pages - #a.finished
+if a.quota > 0 and adding > 0 then
+  local queued = tonumber(redis.call('GET', pending) or '0')
+  if queued + adding > a.quota then return {-1, queued} end
+end
+if a.key ~= '' then redis.call('SET', P .. ':idem:' .. a.key, a.id) end
 local jkey, pkey = P .. ':job:' .. a.id, P .. ':page:' .. a.id
 redis.call('HSET', jkey, 'spec', a.spec, 'status', 'queued', 'rank', a.rank, 'pages_total', #a.pages,
-           'pages_ok', 0, 'pages_failed', 0, 'finished', 0, 'webhook', a.webhook, 'idem', a.key)
+           'pages_ok', 0, 'pages_failed', 0, 'finished', 0, 'webhook', a.webhook, 'idem', a.key,
+           'tenant', a.tenant)
+redis.call('INCRBY', pending, #a.pages)
 for i, ref in ipairs(a.pages) do
   redis.call('HSET', pkey, i - 1, cjson.encode({document = ref[1], index = ref[2], state = 'queued', attempts = 0}))
 end

@@ -20,7 +20,7 @@ from ocrserve.store.base import IdempotencyConflict
 from ocrserve.store.records import ANONYMOUS, Job
 from ocrserve.store.sqlite_store import SqliteStore
 from tests.conftest import Gateway
-from tests.jobs_util import numbered_tiff, read_events, wait_job
+from tests.jobs_util import metric, numbered_tiff, read_events, wait_job
 from tests.redis_server import redis_url  # noqa: F401  (fixture)
 from tests.test_api import assert_problem
 from tests.test_jobs_store import LEASE, make_job, ok, store  # noqa: F401  (store: fixture)
@@ -282,6 +282,7 @@ def test_rate_limit_answers_429_with_retry_after_and_ratelimit_fields(client):
     assert answers[0].headers["ratelimit"].startswith('"requests";r=2;t=')
     refused = assert_problem(answers[3], 429, r"too many requests of this API key: at most 3 at once and 2 per second")
     assert refused["type"].endswith("/rate-limited")
+    assert metric(client("alpha-key"), "ocrserve_rejections_total", lane="none", reason="rate_limited") >= 1
     retry_after = int(answers[3].headers["retry-after"])
     assert retry_after >= 1 and answers[3].headers["ratelimit"].startswith('"requests";r=0;t=')
     assert answers[3].headers["ratelimit-policy"] == '"requests";q=3;w=2'

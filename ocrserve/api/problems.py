@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
-from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem
+from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem, TooManyRequests
 from ocrserve.store.health import FAULT_TYPES
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ def _generic(status: int, title: str, detail: str, slug: str, headers: dict | No
 async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
     if exc.status == 413:
         count_too_large()
+    elif isinstance(exc, TooManyRequests):  # refused before any lane: a rate limit or a tenant's quota
+        metrics.REJECTIONS.labels("none", exc.slug.replace("-", "_")).inc()
     return problem_response(exc)
 
 

@@ -29,7 +29,9 @@ _problem_docs = {
         403: "bad API key",
         413: "too many bytes, pixels or pages",
         415: "unsupported or undecodable file",
-        503: "engine not ready, or (Prefer: respond-async) the job store failing; see Retry-After",
+        422: "the document exhausts or kills its decoding process (memory or time limit)",
+        429: "the key's rate limit, or the address's failed authentications; see Retry-After",
+        503: "engine not ready, lane full, or (Prefer: respond-async) the job store failing; see Retry-After",
         504: "deadline passed",
         507: "(Prefer: respond-async) the data folder is full: the job cannot be kept",
     }.items()

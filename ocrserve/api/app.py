@@ -67,6 +67,9 @@ async def lifespan(app: FastAPI):
 
 def create_app(config: Config) -> FastAPI:
     """The gateway for ``config``; the engine loads when the app starts (ASGI lifespan)."""
+    # python-multipart logs a WARNING per malformed part header: a client's fault, answered 400,
+    # not the operator's news (a fuzzing run wrote 836 such lines in 12,246 requests).
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
     app = FastAPI(
         title="ocrserve",
         version=__version__,

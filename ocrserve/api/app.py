@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from ocrserve import __version__, heap, metrics
+from ocrserve import __version__, metrics
 from ocrserve.api import jobs, problems, routes
 from ocrserve.api.auth import Gate, ProtectOps, ops_paths
 from ocrserve.api.limits import BodyLimitMiddleware
@@ -33,7 +33,6 @@ async def _warm_up(app: FastAPI) -> None:
         log.exception("engine failed to start")
         state.engine_error = f"{type(exc).__name__}: {exc}"
         return
-    heap.trim()  # loading the models freed hundreds of MiB that glibc would keep
     metrics.ENGINE_READY.set(1)
     log.info("engine %s ready with %d slots", state.engine.model, state.engine.slots)
 

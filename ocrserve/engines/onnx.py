@@ -234,9 +234,6 @@ def _stop_spinning(wrapper, intra_op_num_threads: int) -> None:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 4
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    # rapidocr's own default (config.yaml): an arena keeps the peak of every input shape it has
-    # seen, which raised the gateway's RSS by 400 MiB after three pages of one large dark scan.
-    options.enable_cpu_mem_arena = False
     if intra_op_num_threads:
         options.intra_op_num_threads = intra_op_num_threads
     wrapper.session = ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])

@@ -240,6 +240,43 @@ class VllmClientConfig(Section):
     )
 
 
+class RepeatGuardConfig(Section):
+    """The tail-repetition guard of the ``transformers`` engine: HunyuanOCR's batch-client rule
+    (issue 11: from 4,000 characters of reply on, every 1,000, look at the last 8,000 for a tail
+    unit repeated at least 8 times back to back; the page then stops with finish_reason repetition)."""
+
+    start_chars: int = Field(4000, ge=1, description="Reply length at which checking starts, characters")
+    every_chars: int = Field(1000, ge=1, description="Characters of reply between two checks")
+    window_chars: int = Field(8000, ge=2, description="The tail the check looks at, characters")
+    min_count: int = Field(8, ge=2, description="Back-to-back repeats of a tail unit (2+ characters) that stop it")
+
+
+class TransformersEngineConfig(Section):
+    """The debug engine: the model in plain PyTorch with transformers' own classes, one page at a time.
+
+    It sends what the ``vllm`` engine sends: the task prompt and image encoding are
+    ``engine.vllm.task``, ``engine.vllm.image_format`` and ``engine.vllm.jpeg_quality``, the
+    sampling the registry's. Nothing is downloaded: ``engine.model`` is a local folder or a model
+    already in the Hugging Face cache.
+    """
+
+    device: str = Field("auto", description="torch device: auto = cuda when torch sees a GPU, else cpu; or cuda:1 ...")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weights and activations: auto = the model's dtype on a GPU, float32 on a CPU"
+    )
+    attn_implementation: str = Field(
+        "sdpa", description="transformers attention kernel: sdpa, eager, flash_attention_2 (needs flash-attn)"
+    )
+    max_new_tokens: Count | Auto = Field(
+        "auto", description="Output-token cap per page (finish_reason length); auto = the registry's max_tokens"
+    )
+    page_timeout_s: float = Field(
+        600.0, gt=0, description="Wall-clock cap of one page's generation, seconds (finish_reason time)"
+    )
+    threads: int = Field(0, ge=0, description="torch CPU threads (torch.set_num_threads); 0 = torch's default")
+    repeat_guard: RepeatGuardConfig = Field(default_factory=RepeatGuardConfig)
+
+
 class EngineConfig(Section):
     """Which OCR engine runs behind the gateway."""
 
@@ -247,6 +284,7 @@ class EngineConfig(Section):
     model: str = "rapidocr/PP-OCRv6-small"
     onnx: OnnxEngineConfig = Field(default_factory=OnnxEngineConfig)
     vllm: VllmClientConfig = Field(default_factory=VllmClientConfig)
+    transformers: TransformersEngineConfig = Field(default_factory=TransformersEngineConfig)
 
 
 class PreprocessConfig(Section):

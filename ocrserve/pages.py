@@ -50,7 +50,12 @@ class Line:
 
 @dataclass
 class PageResult:
-    """What an engine returns for one page (see the result JSON in DESIGN.md)."""
+    """What an engine returns for one page (see the result JSON in DESIGN.md).
+
+    ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
+    VLM engine that decodes itself (``transformers``), says how the reply ended and at what speed:
+    ``finish_reason`` (``stop``, ``length``, ``time``, ``repetition``), token counts, tokens/s.
+    """
 
     index: int
     width: int
@@ -59,10 +64,12 @@ class PageResult:
     lines: list[Line] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     error: dict | None = None
+    generation: dict | None = None
 
     def to_dict(self) -> dict:
-        """JSON-ready dict; ``error`` appears only on a failed page."""
+        """JSON-ready dict; ``error`` appears only on a failed page, ``generation`` only where set."""
         data = asdict(self)
-        if data["error"] is None:
-            del data["error"]
+        for key in ("error", "generation"):
+            if data[key] is None:
+                del data[key]
         return data

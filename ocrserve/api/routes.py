@@ -99,18 +99,18 @@ async def ocr(
 
 @api.get("/v1/models", summary="The engine's model and limits")
 async def models(request: Request) -> dict:
-    """The served model with its readiness, slots and the preprocessor's limits."""
+    """The served model with its engine kind, readiness, slots and the preprocessor's limits (the
+    ``transformers`` engine adds its device, dtype and parameter count)."""
     cfg = request.app.state.config
-    entry = request.app.state.engine.describe() | {
-        "limits": {
-            "max_upload_mb": cfg.server.max_upload_mb,
-            "max_pages": cfg.preprocess.max_pages,
-            "max_page_pixels": cfg.preprocess.max_page_pixels,
-            "min_pixels": cfg.preprocess.min_pixels,
-            "max_pixels": cfg.preprocess.max_pixels,
-            "factor": cfg.preprocess.factor,
-        }
+    limits = {
+        "max_upload_mb": cfg.server.max_upload_mb,
+        "max_pages": cfg.preprocess.max_pages,
+        "max_page_pixels": cfg.preprocess.max_page_pixels,
+        "min_pixels": cfg.preprocess.min_pixels,
+        "max_pixels": cfg.preprocess.max_pixels,
+        "factor": cfg.preprocess.factor,
     }
+    entry = {"engine": cfg.engine.kind} | request.app.state.engine.describe() | {"limits": limits}
     return {"object": "list", "data": [entry]}
 
 

@@ -25,6 +25,11 @@ class PageOut(BaseModel):
     lines: list[LineOut]
     timings: dict[str, float] = Field(description="queue_s, preprocess_s, engine_s and engine stages, seconds")
     error: dict | None = None
+    generation: dict | None = Field(
+        None,
+        description="transformers engine only: finish_reason (stop, length, time, repetition), prompt_tokens, "
+        "new_tokens, tokens_per_s, started_at/ended_at (Unix s)",
+    )
 
 
 class OcrResult(BaseModel):

@@ -22,4 +22,12 @@ def create_engine(config: Config) -> Engine:
         from ocrserve.engines.vllm import VllmEngine
 
         return VllmEngine(config)
+    if kind == "transformers":
+        try:
+            from ocrserve.engines.transformers import TransformersEngine
+        except ImportError as exc:
+            raise ValueError(
+                f"engine.kind=transformers needs torch and transformers>=5.13: pip install 'ocrserve[debug]' ({exc})"
+            ) from None
+        return TransformersEngine(config)
     raise ValueError(f"engine.kind={kind!r} is not available in this installation")

@@ -1,6 +1,6 @@
 """Talking to an OCR vision-language model: the request recipe and the reading of its reply.
 
-A VLM engine (vLLM over HTTP now, PyTorch in debug mode later) sends one page as an image plus the
+A VLM engine (vLLM over HTTP, or PyTorch in debug mode) sends one page as an image plus the
 model's task prompt, with the model card's sampling, and gets text back. This module builds that
 request from the model registry (:mod:`ocrserve.models`) and turns the reply into a
 :class:`~ocrserve.pages.PageResult`'s text and lines:
@@ -74,16 +74,26 @@ def chat_messages(spec: ModelSpec, task: str, image_url: str) -> list[dict]:
     return messages
 
 
-def completion_request(spec: ModelSpec, task: str, image_url: str, *, model: str, priority: int | None) -> dict:
-    """The body of ``POST /v1/chat/completions`` for one page.
+def page_recipe(spec: ModelSpec, task: str, image_url: str) -> dict:
+    """What every VLM engine sends for one page: ``messages`` (:func:`chat_messages`) and the model
+    recipe's sampling (greedy or near-greedy, ``max_tokens`` always set, the card's repetition
+    guards) in vLLM's spelling. The ``vllm`` engine posts it, the ``transformers`` engine maps the
+    sampling onto ``generate`` (``ocrserve.engines.transformers.generate_kwargs``).
 
-    Sampling is the model recipe's (greedy or near-greedy, ``max_tokens`` always set, the card's
-    repetition guards), in vLLM's spelling: parameters OpenAI lacks (``top_k``,
-    ``repetition_penalty``, ``vllm_xargs``) ride along at the top level, as vLLM accepts them.
-    ``priority`` is sent only when not ``None`` (vLLM rejects it unless run with
-    ``--scheduling-policy priority``).
+    Raises:
+        KeyError: ``task`` is not one of the model's prompts.
     """
-    body = {"model": model, "messages": chat_messages(spec, task, image_url), **spec.sampling}
+    return {"messages": chat_messages(spec, task, image_url), **spec.sampling}
+
+
+def completion_request(spec: ModelSpec, task: str, image_url: str, *, model: str, priority: int | None) -> dict:
+    """The body of ``POST /v1/chat/completions`` for one page: :func:`page_recipe` for ``model``.
+
+    Parameters OpenAI lacks (``top_k``, ``repetition_penalty``, ``vllm_xargs``) ride along at the
+    top level, as vLLM accepts them. ``priority`` is sent only when not ``None`` (vLLM rejects it
+    unless run with ``--scheduling-policy priority``).
+    """
+    body = {"model": model, **page_recipe(spec, task, image_url)}
     if priority is not None:
         body["priority"] = priority
     return body
@@ -105,14 +115,29 @@ def clean_repeated_substrings(text: str) -> str:
     n = len(text)
     if n < REPEAT_MIN_CHARS:
         return text
-    for length in range(2, n // 10 + 1):
+    found = tail_repeat(text, REPEAT_MIN_COUNT, n // 10)
+    if found is None:
+        return text
+    length, count = found
+    return text[: n - length * (count - 1)]
+
+
+def tail_repeat(text: str, min_count: int, max_length: int) -> tuple[int, int] | None:
+    """The shortest unit of 2 .. ``max_length`` characters that ends ``text`` and repeats there back
+    to back at least ``min_count`` times, as ``(length, count)``; ``None`` when there is none.
+
+    The search of HunyuanOCR's ``clean_repeated_substrings`` (``inference/utils/output_utils.py``),
+    shared by the clean-up and the debug engine's repetition guard.
+    """
+    n = len(text)
+    for length in range(2, max_length + 1):
         unit = text[-length:]
         count, i = 0, n - length
         while i >= 0 and text[i : i + length] == unit:
             count, i = count + 1, i - length
-        if count >= REPEAT_MIN_COUNT:
-            return text[: n - length * (count - 1)]
-    return text
+        if count >= min_count:
+            return length, count
+    return None
 
 
 def strip_yaml_front_matter(text: str) -> str:

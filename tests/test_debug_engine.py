@@ -1,0 +1,179 @@
+"""Debug mode (issue 11): the ``transformers`` engine on a tiny random-weight HunyuanOCR.
+
+The model is HunyuanOCR's real architecture (``HunYuanVLForConditionalGeneration``) at toy sizes,
+built into a temp folder by :mod:`tests.tiny_hunyuan`; nothing is downloaded. It is served by a
+real gateway (``--profile debug --set engine.model=DIR``) on loopback, and driven in-process for
+the guards. Needs the debug extra (torch, transformers >= 5.13).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="debug mode needs torch: pip install -e '.[debug]'")
+pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL needs transformers>=5.13 ('.[debug]')")
+
+from transformers import AutoModelForImageTextToText  # noqa: E402
+
+from ocrserve.config import load_config  # noqa: E402
+from ocrserve.engines.transformers import TransformersEngine, generate_kwargs  # noqa: E402
+from ocrserve.engines.vllm import VllmEngine  # noqa: E402
+from ocrserve.pages import Page  # noqa: E402
+from tests import samples  # noqa: E402
+from tests.conftest import DATA, Gateway  # noqa: E402
+from tests.tiny_hunyuan import build_tiny_hunyuan  # noqa: E402
+
+#: Output tokens per page on the gateway: the random model never emits EOS, so every page ends at it.
+GATEWAY_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """The tiny model's folder (it repeats an invisible special token)."""
+    return str(build_tiny_hunyuan(tmp_path_factory.mktemp("tiny-hunyuan")))
+
+
+@pytest.fixture(scope="module")
+def looping(tmp_path_factory) -> str:
+    """The tiny model with special tokens suppressed: greedy decoding repeats ``G`` for ever."""
+    return str(build_tiny_hunyuan(tmp_path_factory.mktemp("tiny-hunyuan-loop"), looping=True))
+
+
+@pytest.fixture(scope="module")
+def debug_gateway(tiny):
+    gw = Gateway(
+        f"engine.model={tiny}",
+        f"engine.transformers.max_new_tokens={GATEWAY_TOKENS}",
+        "engine.transformers.threads=1",
+        profile="debug",
+    ).wait_ready()
+    yield gw
+    gw.stop()
+
+
+def post_page(url: str) -> httpx.Response:
+    data = (DATA / "phototest.tif").read_bytes()
+    return httpx.post(url + "/v1/ocr", files={"file": ("phototest.tif", data)}, timeout=120)
+
+
+def page(width: int = 640, height: int = 480) -> Page:
+    """phototest as the debug profile's preprocessor leaves it (640 x 480: sides multiples of 32)."""
+    image = np.asarray(samples.phototest().resize((width, height)))
+    return Page(index=0, image=image, width=width, height=height, visual_tokens=0)
+
+
+def test_gateway_serves_the_tiny_model(debug_gateway, tiny):
+    response = post_page(debug_gateway.url)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == tiny
+    result = body["pages"][0]
+    assert {"queue_s", "preprocess_s", "engine_s", "encode_s", "processor_s", "prefill_s", "decode_s"} <= set(
+        result["timings"]
+    )
+    generation = result["generation"]
+    assert generation["finish_reason"] == "length"
+    assert generation["new_tokens"] == GATEWAY_TOKENS
+    assert generation["image_tokens"] == 317  # (480/32) * (640/32 + 1) + 2: the registry's grid formula
+    assert generation["tokens_per_s"] > 0
+
+    listing = httpx.get(debug_gateway.url + "/v1/models").json()["data"][0]
+    parameters = sum(p.numel() for p in AutoModelForImageTextToText.from_pretrained(tiny).parameters())
+    assert listing | {"parameters": parameters} == listing
+    assert (listing["engine"], listing["device"], listing["dtype"], listing["slots"]) == (
+        "transformers",
+        "cpu",
+        "float32",
+        1,
+    )
+    assert listing["class"] == "HunYuanVLForConditionalGeneration"
+
+
+def test_two_requests_never_run_at_once(debug_gateway):
+    responses: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: responses.append(post_page(debug_gateway.url))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done = []
+    for response in responses:
+        if response.status_code == 503:
+            assert "Retry-After" in response.headers
+        else:
+            assert response.status_code == 200, response.text
+            done.append(response.json()["pages"][0]["generation"])
+    done.sort(key=lambda g: g["started_at"])
+    for first, second in zip(done, done[1:], strict=False):
+        assert second["started_at"] >= first["ended_at"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (["engine.transformers.max_new_tokens=24"], "length"),
+        (["engine.transformers.page_timeout_s=0.001"], "time"),
+        (
+            [
+                "engine.transformers.max_new_tokens=2000",
+                "engine.transformers.repeat_guard.start_chars=40",
+                "engine.transformers.repeat_guard.every_chars=10",
+                "engine.transformers.repeat_guard.window_chars=80",
+            ],
+            "repetition",
+        ),
+    ],
+)
+async def test_a_looping_generation_is_cut_and_says_why(looping, overrides, reason):
+    engine = TransformersEngine(load_config("debug", [f"engine.model={looping}", *overrides]))
+    await engine.start()
+    try:
+        result = await engine.ocr_page(page())
+    finally:
+        await engine.close()
+    generation = result.generation
+    assert generation["finish_reason"] == reason
+    assert result.text == "G" * generation["new_tokens"]  # a cut page is a result, with its text so far
+    if reason == "length":
+        assert generation["new_tokens"] == 24
+    if reason == "repetition":  # stopped at the first check past 40 characters, not at max_new_tokens
+        assert 40 <= generation["new_tokens"] < 60
+    if reason == "time":  # checked after each step: the first token always comes
+        assert generation["new_tokens"] < 10
+
+
+def test_both_engines_send_the_same_request():
+    page_ = page()
+    prod = VllmEngine(
+        load_config("prod", ["engine.vllm.base_urls=[http://127.0.0.1:9]", "engine.vllm.slots_per_replica=1"])
+    )
+    debug = TransformersEngine(load_config("debug"))
+    body = prod._request_body(page_, 0)
+    request = debug.request(page_)
+    assert {k: v for k, v in body.items() if k not in ("model", "priority")} == request
+    assert request["messages"][1]["content"][1]["text"] == "提取图中的文字。"
+    assert request["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    sampling = {k: v for k, v in request.items() if k != "messages"}
+    assert sampling == dict(debug.spec.sampling)
+    assert (
+        debug.sampling
+        == generate_kwargs(sampling)
+        == {
+            "max_new_tokens": 16384,
+            "do_sample": False,
+            "repetition_penalty": 1.08,
+        }
+    )
+
+
+def test_sampling_maps_onto_generate():
+    assert generate_kwargs({"temperature": 0.1, "top_p": 0.9, "top_k": -1, "max_tokens": 8}, 4) == {
+        "max_new_tokens": 4,
+        "do_sample": True,
+        "temperature": 0.1,
+        "top_p": 0.9,
+    }

@@ -163,6 +163,12 @@ class ServerConfig(Section):
     header_timeout_s: float = Field(
         10.0, gt=0, description="Longest a request's headers may take to arrive, seconds (408 and close after it)"
     )
+    max_header_kb: int = Field(64, ge=1, description="Largest sum of a request's header names and values, KiB (431)")
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Proxies whose X-Forwarded-For / Forwarded headers give the client's address (rate limits use "
+        "it); empty = none, the address is the TCP peer's",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
 
     def key_entries(self) -> list[ApiKey]:

@@ -121,15 +121,19 @@ def webp_header_bomb(width: int, height: int) -> bytes:
     return bytes(data)
 
 
-def pdf_q_bomb(operators: int) -> bytes:
-    """A one-page Letter PDF whose Flate-compressed content stream inflates to ``operators``
-    unbalanced ``q`` (save graphics state) operators: each one costs the renderer a saved state."""
+def pdf_q_bomb(operators: int, pages: int = 1, operator: bytes = b"q ") -> bytes:
+    """A PDF of ``pages`` Letter pages that all draw one Flate-compressed content stream inflating
+    to ``operators`` unbalanced ``q`` (save graphics state) operators, each costing the renderer a
+    saved state (or ``operator``, e.g. ``b"q Q "``, repeated)."""
     packer = zlib.compressobj(9)
-    chunk = b"q " * 100_000
+    chunk = operator * 100_000
     stream = b"".join(packer.compress(chunk) for _ in range(operators // 100_000)) + packer.flush()
+    kids = " ".join(f"{3 + n} 0 R" for n in range(pages)).encode()
+    content = 3 + pages
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>" % content
     return raw_pdf(
         b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+        *[page] * pages,
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
     )

@@ -15,7 +15,7 @@ import pytest
 
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import PayloadTooLarge, PoisonDocument, Problem
-from ocrserve.preprocess import DecodeFailure, Preprocessor
+from ocrserve.preprocess import DecodeFailure, Preprocessor, inspect_document
 from ocrserve.preprocess.pool import MIB, resident_mb
 from tests import samples
 from tests.conftest import DATA
@@ -138,11 +138,19 @@ async def started_pid(preprocessor: Preprocessor) -> int:
     raise AssertionError("no decoding process started in 30 s")
 
 
+def test_counting_pages_does_not_parse_their_content():
+    """12 pages sharing one stream of 50 M balanced ``q Q`` took minutes to inspect, as loading a
+    page with pdfium parses its content (a fresh user's finding); their sizes are read without."""
+    heavy = samples.pdf_q_bomb(50_000_000, pages=12, operator=b"q Q ")
+    started = time.monotonic()
+    info = inspect_document(heavy, CFG)
+    assert (info.kind, info.page_count, time.monotonic() - started < 1) == ("pdf", 12, True)
+
+
 def test_the_gateway_answers_bombs_with_4xx_and_keeps_serving(tmp_path):
-    """Over HTTP: each bomb is answered its 4xx within 10 s and the next request is served. A job
-    is refused before its 202 when the bomb goes off while the document is inspected (pdfium parses
-    a page's content to load it); a page that exhausts its process when decoded fails once with
-    422, as the page's own fault, not as an engine's."""
+    """Over HTTP: each bomb is answered its 4xx within 10 s and the next request is served; in a
+    job, a page that exhausts its process fails once with 422, as the page's own fault, not as an
+    engine's."""
     with job_gateway(tmp_path, "preprocess.worker_memory_mb=512").wait_ready() as gw:
         http = httpx.Client(base_url=gw.url, timeout=60)
         bombs = {
@@ -157,9 +165,9 @@ def test_the_gateway_answers_bombs_with_4xx_and_keeps_serving(tmp_path):
             assert (response.status_code, time.monotonic() - started < 10) == (status, True), response.text
             assert response.headers["content-type"] == "application/problem+json"
             assert http.post("/v1/ocr", files={"file": ("ok.tif", PHOTOTEST)}).status_code == 200
-        assert http.post("/v1/jobs", files={"file": ("q.pdf", bombs["q.pdf"][0])}).status_code == 422
-        job = http.post("/v1/jobs", files={"file": ("rgb.png", bombs["rgb.png"][0])})
-        assert job.status_code == 202, job.text
-        status = wait_job(http, job.json()["id"])
-        (error,) = status["errors"]
-        assert (status["status"], error["error"]["status"], error["error"]["attempts"]) == ("failed", 422, 1)
+        for name in ("q.pdf", "rgb.png"):
+            job = http.post("/v1/jobs", files={"file": (name, bombs[name][0])})
+            assert job.status_code == 202, job.text
+            status = wait_job(http, job.json()["id"])
+            (error,) = status["errors"]
+            assert (status["status"], error["error"]["status"], error["error"]["attempts"]) == ("failed", 422, 1)

@@ -1,5 +1,6 @@
-"""Slow clients against a real gateway on loopback: request headers have a deadline
-(``server.header_timeout_s``), and the gateway keeps serving everyone else meanwhile."""
+"""Slow and malformed clients against a real gateway on loopback: request headers have a deadline
+(``server.header_timeout_s``) and a size limit (``server.max_header_kb``), a request httptools
+cannot parse is a 400 problem, and the gateway keeps serving everyone else meanwhile."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slowloris\r\
 
 @pytest.fixture(scope="module")
 def gateway():
-    gw = Gateway(f"server.header_timeout_s={HEADER_TIMEOUT_S}").wait_ready()
+    gw = Gateway(f"server.header_timeout_s={HEADER_TIMEOUT_S}", "server.max_header_kb=8").wait_ready()
     yield gw
     gw.stop()
 
@@ -113,3 +114,48 @@ def test_a_request_stalled_behind_an_answered_one_is_cut_off(gateway):
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.count(b"HTTP/1.1 408 ") == 1
+
+
+def answer_to(gateway, raw: bytes) -> tuple[int, str, bytes]:
+    """Status, content type and body of the gateway's answer to the bytes ``raw``."""
+    with connect(gateway) as sock:
+        sock.sendall(raw)
+        head, _, body = read_until_closed(sock).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), fields["content-type"], body
+
+
+def test_headers_above_the_limit_are_a_431_problem(gateway):
+    """httptools sets no bound: 10,000 header lines or one 1 MB header were served (issue 10)."""
+    many = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"x" * 50) for n in range(200))  # about 11 KiB
+    status, kind, body = answer_to(gateway, b"GET /healthz HTTP/1.1\r\nHost: a\r\n" + many + b"\r\n")
+    assert (status, kind) == (431, "application/problem+json")
+    assert b"server.max_header_kb=8 KiB" in body
+    assert httpx.get(f"{gateway.url}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nX-Nul: a\x00b\r\n\r\n",
+        b"POST /v1/ocr HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc",
+        b"NOT-HTTP\r\n\r\n",
+    ],
+    ids=["nul-in-header", "two-content-lengths", "no-request-line"],
+)
+def test_a_request_that_is_not_http_is_a_400_problem(gateway, raw):
+    """uvicorn answered these ``400 text/plain "Invalid HTTP request received."``."""
+    status, kind, body = answer_to(gateway, raw)
+    assert (status, kind) == (400, "application/problem+json")
+    assert b"not valid HTTP/1.1" in body
+
+
+def test_forwarded_headers_are_ignored_unless_a_proxy_is_configured():
+    """A client guessing keys with a new ``X-Forwarded-For`` each time was never limited: uvicorn
+    trusts the header from 127.0.0.1 by default (issue 10). Now it is not trusted unless
+    ``server.forwarded_allow_ips`` names the proxy."""
+    with Gateway("server.api_keys=[right]", "server.rate_limit.failed_auth_burst=3").wait_ready() as gw:
+        guesses = [{"authorization": f"Bearer guess{n}", "x-forwarded-for": f"10.0.0.{n}"} for n in range(5)]
+        answers = [httpx.get(f"{gw.url}/v1/models", headers=headers) for headers in guesses]
+    assert [a.status_code for a in answers] == [403, 403, 403, 429, 429]

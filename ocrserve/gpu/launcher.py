@@ -38,7 +38,7 @@ import uvicorn
 
 from ocrserve import backoff
 from ocrserve.api import create_app
-from ocrserve.api.header_timeout import HeaderTimeoutProtocol
+from ocrserve.api.protocol import GatewayProtocol
 from ocrserve.config import Config, VllmConfig
 from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
@@ -93,15 +93,24 @@ def gateway_command(config: Config) -> list[str]:
 
 
 def uvicorn_config(config: Config) -> uvicorn.Config:
-    """uvicorn settings of the gateway for ``config``: its app, address, log level, drain time, and
-    HTTP protocol with the ``server.header_timeout_s`` deadline on request headers."""
+    """uvicorn settings of the gateway for ``config``: its app, address, log level, drain time, the
+    proxies trusted for the client's address (``server.forwarded_allow_ips``), and the HTTP protocol
+    with the ``server.header_timeout_s`` deadline and ``server.max_header_kb`` limit on headers."""
     return uvicorn.Config(
         create_app(config),
         host=config.server.host,
         port=config.server.port,
         log_level=config.server.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        http=functools.partial(HeaderTimeoutProtocol, header_timeout_s=config.server.header_timeout_s),
+        # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: any local client could then pick
+        # the address its rate limits are counted against
+        proxy_headers=bool(config.server.forwarded_allow_ips),
+        forwarded_allow_ips=config.server.forwarded_allow_ips or None,
+        http=functools.partial(
+            GatewayProtocol,
+            header_timeout_s=config.server.header_timeout_s,
+            max_header_bytes=config.server.max_header_kb * 1024,
+        ),
     )
 
 

@@ -95,8 +95,9 @@ class DataDir:
             tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
             os.replace(tmp, path)
 
-    def probe(self) -> int:
-        """Write and delete a one-byte file in ``staging/``; returns the bytes free to unprivileged users.
+    def probe(self) -> tuple[int, int]:
+        """Write and delete a one-byte file in ``staging/``; returns the bytes free to unprivileged
+        users and the size of the file system, bytes.
 
         Raises:
             OSError: the folder takes no file (``ENOSPC``/``EDQUOT`` when full, ``EROFS``, ``EIO``).
@@ -107,7 +108,7 @@ class DataDir:
         finally:
             path.unlink(missing_ok=True)
         stats = os.statvfs(self.root)
-        return stats.f_bavail * stats.f_frsize
+        return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
 
     def read_json(self, relative: str):
         """The JSON at ``relative``.

@@ -19,8 +19,8 @@ declares recovery, because only it surely writes: one byte in ``staging/`` and o
 store's dedup-cache index (:data:`PROBE_KEY`; SQLite commits nothing for a read or a change of no
 rows, so a poll that finds no work proves nothing). :meth:`StoreHealth.run` probes every
 ``store.probe_interval_s``, and while a condition holds from 0.5 s doubling up to that interval.
-The full folder counts as recovered only once ``store.min_free_mb`` are free again, so that it
-does not flap with each upload.
+The full folder counts as recovered only once ``store.min_free_mb`` are free again (or a quarter of
+the file system, on a volume too small for that), so that it does not flap with each upload.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ FAULT_TYPES: tuple[type[Exception], ...] = (
     *([redis_errors.RedisError] if redis_errors else []),
 )
 MB = 1 << 20
+#: Free share of the file system that ends a full-folder condition when ``store.min_free_mb`` is more.
+MAX_FREE_SHARE = 0.25
 
 
 class Fault(enum.Enum):
@@ -256,8 +258,8 @@ class StoreHealth:
             self.failing.recover()
 
     def _probe_folder(self) -> None:
-        free = self.data.probe()
-        if self.full.holds and free < self.cfg.min_free_mb * MB:
+        free, size = self.data.probe()
+        if self.full.holds and free < min(self.cfg.min_free_mb * MB, size * MAX_FREE_SHARE):
             raise OSError(errno.ENOSPC, f"only {free / MB:.1f} MB free, below store.min_free_mb")
 
     async def _probe_store(self) -> None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import resource
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -256,6 +258,15 @@ class TransformersEngine(Engine):
             "page_timeout_s": self.cfg.page_timeout_s,
             "sampling_not_applied": self.unmapped,
         }
+
+    def peak_memory(self) -> tuple[str, int]:
+        """The peak memory so far, bytes, and what was measured: ``cuda`` (torch's
+        ``max_memory_allocated`` on the engine's GPU) or, on a CPU, ``rss`` (this process's peak
+        resident set, ``getrusage``'s ``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+        if self.device.type == "cuda":
+            return "cuda", int(torch.cuda.max_memory_allocated(self.device))
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return "rss", int(rss if sys.platform == "darwin" else rss * 1024)
 
     def request(self, page: Page) -> dict:
         """The page's :func:`~ocrserve.engines.chat.page_recipe`, built exactly as the ``vllm`` engine

@@ -247,7 +247,8 @@ class VllmClientConfig(Section):
 
 
 class RepeatGuardConfig(Section):
-    """The tail-repetition guard of the ``transformers`` engine: HunyuanOCR's batch-client rule
+    """The tail-repetition guard both VLM engines apply while a reply grows (``vllm``: on the
+    streamed reply, ``transformers``: as a stopping criterion): HunyuanOCR's batch-client rule
     (issue 11: from 4,000 characters of reply on, every 1,000, look at the last 8,000 for a tail
     unit repeated at least 8 times back to back; the page then stops with finish_reason repetition)."""
 
@@ -280,7 +281,6 @@ class TransformersEngineConfig(Section):
         600.0, gt=0, description="Wall-clock cap of one page's generation, seconds (finish_reason time)"
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (torch.set_num_threads); 0 = torch's default")
-    repeat_guard: RepeatGuardConfig = Field(default_factory=RepeatGuardConfig)
 
 
 class EngineConfig(Section):
@@ -291,6 +291,7 @@ class EngineConfig(Section):
     onnx: OnnxEngineConfig = Field(default_factory=OnnxEngineConfig)
     vllm: VllmClientConfig = Field(default_factory=VllmClientConfig)
     transformers: TransformersEngineConfig = Field(default_factory=TransformersEngineConfig)
+    repeat_guard: RepeatGuardConfig = Field(default_factory=RepeatGuardConfig)
 
 
 class PreprocessConfig(Section):

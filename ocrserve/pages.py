@@ -53,8 +53,9 @@ class PageResult:
     """What an engine returns for one page (see the result JSON in DESIGN.md).
 
     ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
-    VLM engine that decodes itself (``transformers``), says how the reply ended and at what speed:
-    ``finish_reason`` (``stop``, ``length``, ``time``, ``repetition``), token counts, tokens/s.
+    VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
+    ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
+    ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
     """
 
     index: int

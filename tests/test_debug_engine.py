@@ -120,9 +120,9 @@ def test_two_requests_never_run_at_once(debug_gateway):
         (
             [
                 "engine.transformers.max_new_tokens=2000",
-                "engine.transformers.repeat_guard.start_chars=40",
-                "engine.transformers.repeat_guard.every_chars=10",
-                "engine.transformers.repeat_guard.window_chars=80",
+                "engine.repeat_guard.start_chars=40",
+                "engine.repeat_guard.every_chars=10",
+                "engine.repeat_guard.window_chars=80",
             ],
             "repetition",
         ),

@@ -20,13 +20,17 @@ import base64
 import io
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from ocrserve.models import ModelSpec
 from ocrserve.pages import Line, Page
+
+if TYPE_CHECKING:
+    from ocrserve.config import RepeatGuardConfig
 
 #: PNG zlib level: 1 is ~5x faster than the default 6 on page scans and ~10-20% larger.
 PNG_COMPRESS_LEVEL = 1
@@ -138,6 +142,40 @@ def tail_repeat(text: str, min_count: int, max_length: int) -> tuple[int, int] |
         if count >= min_count:
             return length, count
     return None
+
+
+class RepeatWatch:
+    """HunyuanOCR's batch-client guard against a looping reply, applied while the reply grows: once
+    it is ``start_chars`` long, and then every ``every_chars``, its last ``window_chars`` are
+    searched for a tail unit repeated ``min_count`` times back to back (:func:`tail_repeat`);
+    defaults 4,000 / 1,000 / 8,000 / 8 (issue 11, quoting HunyuanOCR's batch client).
+
+    The one rule both VLM engines stop a page by (``engine.repeat_guard``): the ``vllm`` engine
+    on the streamed reply, the ``transformers`` engine in a ``StoppingCriteria``.
+    """
+
+    def __init__(self, cfg: RepeatGuardConfig):
+        self.cfg = cfg
+        self.next_check = cfg.start_chars
+        self.fired = False
+
+    def check(self, text: str) -> bool:
+        """Whether ``text`` (the whole reply so far) now ends in a loop; stays true once it fired."""
+        if not self.fired and len(text) >= self.next_check:
+            self.next_check = len(text) + self.cfg.every_chars
+            window = text[-self.cfg.window_chars :]
+            self.fired = tail_repeat(window, self.cfg.min_count, len(window) // self.cfg.min_count) is not None
+        return self.fired
+
+
+def retry_sampling(spec: ModelSpec, sampling: Mapping[str, object]) -> dict | None:
+    """The sampling of the one retry of a page whose reply ``max_tokens`` cut (``finish_reason``
+    ``length``): ``sampling`` with the model card's stronger repetition guard
+    (``ModelSpec.retry_sampling``, e.g. olmOCR's next temperature); ``None`` where the registry
+    has none (the page stays truncated)."""
+    if not spec.retry_sampling:
+        return None
+    return {**sampling, **spec.retry_sampling}
 
 
 def strip_yaml_front_matter(text: str) -> str:

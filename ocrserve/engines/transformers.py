@@ -15,10 +15,10 @@ then one warm-up page before ``ready``.
 Generation (transformers' generation docs, ``GenerationConfig`` and ``StoppingCriteria``): greedy
 unless the recipe samples, ``max_new_tokens`` always set, the card's ``repetition_penalty``, and
 two stopping criteria: a wall-clock cap per page (``engine.transformers.page_timeout_s``, or the
-page's deadline when nearer) and HunyuanOCR's tail-repetition rule
-(``engine.transformers.repeat_guard``). A page a guard cut is a result, not an error: its
-``generation.finish_reason`` says which guard fired (``stop``: EOS, ``length``: max_new_tokens,
-``time``, ``repetition``). A running prefill cannot be interrupted; the pixel budget bounds it.
+page's deadline when nearer) and HunyuanOCR's tail-repetition rule (``engine.repeat_guard``, the
+rule the ``vllm`` engine applies to its streamed replies). A page a guard cut is a result, not an
+error: its ``generation.finish_reason`` says which guard fired (``stop``: EOS, ``length``:
+max_new_tokens, ``time``, ``repetition``). A running prefill cannot be interrupted; the pixel budget bounds it.
 
 Exactly one slot and one thread: pages run one after another, a second page waits in the router.
 """
@@ -43,7 +43,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ocrserve.config import Config, RepeatGuardConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.chat import image_data_uri, page_recipe, read_reply, tail_repeat
+from ocrserve.engines.chat import RepeatWatch, image_data_uri, page_recipe, read_reply
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, ModelSpec, get_model
 from ocrserve.pages import Page, PageResult
@@ -99,28 +99,27 @@ class RepetitionGuard(StoppingCriteria):
     """Stops a reply whose tail repeats (HunyuanOCR's batch-client rule, thresholds from ``cfg``).
 
     The reply is detokenized as it grows (a token whose bytes end mid-character waits for the next
-    one); once it is ``start_chars`` long, and then every ``every_chars``, its last
-    ``window_chars`` are searched for a unit repeated ``min_count`` times
-    (:func:`~ocrserve.engines.chat.tail_repeat`). One row (batch size 1).
+    one) and checked by :class:`~ocrserve.engines.chat.RepeatWatch`, the rule the ``vllm`` engine
+    applies to its streamed replies. One row (batch size 1).
     """
 
     def __init__(self, cfg: RepeatGuardConfig, tokenizer, prompt_len: int):
-        self.cfg, self.tokenizer = cfg, tokenizer
+        self.tokenizer = tokenizer
         self.read = prompt_len
         self.text = ""
-        self.next_check = cfg.start_chars
-        self.fired = False
+        self.watch = RepeatWatch(cfg)
+
+    @property
+    def fired(self) -> bool:
+        return self.watch.fired
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         piece = self.tokenizer.decode(input_ids[0, self.read :], skip_special_tokens=True)
         if not piece.endswith("\ufffd"):
             self.text += piece
             self.read = input_ids.shape[1]
-        if len(self.text) >= self.next_check:
-            self.next_check = len(self.text) + self.cfg.every_chars
-            window = self.text[-self.cfg.window_chars :]
-            self.fired = tail_repeat(window, self.cfg.min_count, len(window) // self.cfg.min_count) is not None
-        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
+        fired = self.watch.check(self.text)
+        return torch.full((input_ids.shape[0],), fired, dtype=torch.bool, device=input_ids.device)
 
 
 class WallClockCap(StoppingCriteria):
@@ -208,6 +207,7 @@ class TransformersEngine(Engine):
     def __init__(self, config: Config):
         super().__init__()
         self.cfg = config.engine.transformers
+        self.repeat_guard = config.engine.repeat_guard
         self.recipe = config.engine.vllm
         self.source = config.engine.model
         try:
@@ -381,7 +381,7 @@ class TransformersEngine(Engine):
         prompt_len = int(ids.numel())
         cap_s = min(self.cfg.page_timeout_s, deadline.left()) if deadline else self.cfg.page_timeout_s
         cap = WallClockCap(time.monotonic() + cap_s, cancel)
-        repeats = RepetitionGuard(self.cfg.repeat_guard, self._processor.tokenizer, prompt_len)
+        repeats = RepetitionGuard(self.repeat_guard, self._processor.tokenizer, prompt_len)
         clock = StepClock()
         t1 = time.perf_counter()
         with torch.inference_mode():

@@ -5,6 +5,23 @@ Each page travels as a base64 ``data:`` URI with the model's task prompt and sam
 to the replica with the fewest requests outstanding from this gateway (ties rotate), among those
 that are up.
 
+Replies stream (``"stream": true``, server-sent events read with httpx-sse) under two guards
+(:mod:`ocrserve.engines.chat`, shared with the ``transformers`` engine):
+
+* **repetition**: HunyuanOCR's batch-client rule (:class:`~ocrserve.engines.chat.RepeatWatch`,
+  ``engine.repeat_guard``: from 4,000 characters on, every 1,000, the last 8,000 searched for a tail
+  unit repeated 8 times) runs on the text as it arrives; when it fires the engine stops reading
+  and closes the response at once. Closing the connection is how a client cancels in vLLM: the API
+  server notices the disconnect and aborts the request in the engine (``AsyncLLM.generate`` aborts
+  on ``CancelledError``, vLLM's ``entrypoints/utils.py`` ``with_cancellation`` /
+  ``listen_for_disconnect``), which frees its KV cache.
+* **length**: a reply ``max_tokens`` cut (``finish_reason: "length"``) is retried once with the
+  model card's stronger repetition guard (``ModelSpec.retry_sampling``: HunyuanOCR a higher
+  ``repetition_penalty``, olmOCR its next temperature); still cut, the page is ``truncated``.
+
+The page's ``generation`` says which fired: ``finish_reason`` (``stop``, ``length``,
+``repetition``; the debug engine's vocabulary), ``truncated`` and ``retried``.
+
 Failures: a connection error (refused, reset, lost mid-request) or a 503 is retried, with a short
 exponential wait, on the next replica, up to ``engine.vllm.max_retries`` times, and then becomes a
 transient :class:`~ocrserve.engines.base.PageError`; so does a page that gets no reply within
@@ -22,18 +39,20 @@ engine is ``ready`` while at least one replica is up.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 import httpx
+from httpx_sse import SSEError, aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
 from tenacity import retry_if_exception_type
 
 from ocrserve import backoff, metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.chat import completion_request, image_data_uri, read_reply
+from ocrserve.engines.chat import RepeatWatch, completion_request, image_data_uri, read_reply, retry_sampling
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, get_model
 from ocrserve.pages import Page, PageResult
@@ -102,6 +121,15 @@ class Replica:
     kv_cache_usage: float = 0.0
 
 
+@dataclass
+class Reply:
+    """One streamed completion as read: its text and why it ended (``stop``, ``length``, or
+    ``repetition`` when the guard stopped reading)."""
+
+    text: str
+    finish_reason: str
+
+
 class _Unavailable(Exception):
     """The replica could not take the request (connection error or 503): try another."""
 
@@ -134,6 +162,7 @@ class VllmEngine(Engine):
         self.replicas = [Replica(server_root(url)) for url in self.cfg.base_urls]
         self.slots_per_replica = _slots_per_replica(config)
         self.send_priority = config.vllm.scheduling_policy != "fcfs"
+        self.repeat_guard = config.engine.repeat_guard
         self._client: httpx.AsyncClient | None = None
         self._poller: asyncio.Task | None = None
         self._turn = 0
@@ -209,18 +238,24 @@ class VllmEngine(Engine):
 
         The request's timeout is ``engine.vllm.timeout_s`` or the time left before ``deadline``,
         whichever is shorter. Cancelled (deadline, client gone), the request's connection closes,
-        which makes vLLM abort it and free its KV cache.
+        which makes vLLM abort it and free its KV cache. A reply cut by ``max_tokens`` is sent once
+        more with :func:`~ocrserve.engines.chat.retry_sampling` (each attempt under the same
+        deadline).
         """
         started = time.perf_counter()
         body = await asyncio.to_thread(self._request_body, page, priority)
         sent = time.perf_counter()
         try:
             reply = await self._complete(body, deadline)
+            retry = retry_sampling(self.spec, body) if reply.finish_reason == "length" else None
+            if retry is not None:
+                log.info("page %d: cut by max_tokens; retrying once with %s", page.index + 1, self.spec.retry_sampling)
+                reply = await self._complete(retry, deadline)
         except PageError:
             if deadline is not None and deadline.passed():
                 raise DeadlinePassed(f"page {page.index + 1}: its deadline passed in the engine") from None
             raise
-        text, lines = read_reply(self.spec, reply, page)
+        text, lines = read_reply(self.spec, reply.text, page)
         return PageResult(
             index=page.index,
             width=page.width,
@@ -228,6 +263,11 @@ class VllmEngine(Engine):
             text=text,
             lines=lines,
             timings={"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)},
+            generation={
+                "finish_reason": reply.finish_reason,
+                "truncated": reply.finish_reason == "length",
+                "retried": retry is not None,
+            },
         )
 
     def _request_body(self, page: Page, priority: int) -> dict:
@@ -236,7 +276,7 @@ class VllmEngine(Engine):
             self.spec, self.cfg.task, uri, model=self.model, priority=priority if self.send_priority else None
         )
 
-    async def _complete(self, body: dict, deadline: Deadline | None) -> str:
+    async def _complete(self, body: dict, deadline: Deadline | None) -> Reply:
         """The reply to ``body`` from some replica; each attempt's timeout is ``timeout_s`` or the
         time left before ``deadline``, whichever is shorter."""
         attempts = backoff.retrying(
@@ -264,16 +304,27 @@ class VllmEngine(Engine):
         order = {id(r): (i - self._turn) % len(live) for i, r in enumerate(live)}
         return min(live, key=lambda r: (r.outstanding, order[id(r)]))
 
-    async def _send(self, body: dict, timeout: float) -> str:
+    async def _send(self, body: dict, timeout: float) -> Reply:
+        """One attempt on one replica: the streamed reply, read within ``timeout`` seconds in all."""
         replica = self._pick()
         replica.outstanding += 1
         try:
-            response = await self._client.post(
-                replica.url + "/v1/chat/completions",
-                json=body,
-                timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s),
-            )
-        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            async with asyncio.timeout(timeout):
+                async with aconnect_sse(
+                    self._client,
+                    "POST",
+                    replica.url + "/v1/chat/completions",
+                    json=body | {"stream": True},
+                    timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s),
+                ) as source:
+                    response = source.response
+                    if response.status_code != 200:
+                        await response.aread()
+                        self._refused(replica, response)
+                    reply = await self._read_stream(source, replica.url)
+                    # leaving the block closes the response; after a guard fired that is the
+                    # disconnect that makes vLLM abort the request
+        except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             metrics.VLLM_REQUESTS.labels(replica.url, "timeout").inc()
             raise PageError(f"{replica.url}: no reply within {timeout:.3g} s", transient=True) from None
         except httpx.TransportError as exc:
@@ -282,17 +333,53 @@ class VllmEngine(Engine):
             raise _Unavailable(f"{replica.url}: {type(exc).__name__}: {exc}") from None
         finally:
             replica.outstanding -= 1
+        metrics.VLLM_REQUESTS.labels(replica.url, "ok").inc()
+        return reply
+
+    def _refused(self, replica: Replica, response: httpx.Response) -> None:
+        """Raise for a non-200 answer: 503 -> :class:`_Unavailable`, else the page's own error."""
         if response.status_code == 503:
             metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()
             raise _Unavailable(f"{replica.url}: 503 {_error_message(response)}")
-        if response.status_code != 200:
-            metrics.VLLM_REQUESTS.labels(replica.url, "error").inc()
-            raise PageError(
-                f"{replica.url} answered {response.status_code}: {_error_message(response)}",
-                transient=response.status_code >= 500,
-            )
-        metrics.VLLM_REQUESTS.labels(replica.url, "ok").inc()
-        return _reply_text(response, replica.url)
+        metrics.VLLM_REQUESTS.labels(replica.url, "error").inc()
+        raise PageError(
+            f"{replica.url} answered {response.status_code}: {_error_message(response)}",
+            transient=response.status_code >= 500,
+        )
+
+    async def _read_stream(self, source, url: str) -> Reply:
+        """Chunks of ``chat.completion.chunk`` up to ``[DONE]`` (vLLM's streaming format), joined,
+        under the repetition guard: it firing ends the read with ``repetition``.
+
+        Raises:
+            PageError: the stream is not a chat completion's, carries an error, or ends before
+                its ``finish_reason`` (transient).
+        """
+        watch = RepeatWatch(self.repeat_guard)
+        parts: list[str] = []
+        size = 0
+        finish = None
+        try:
+            async for event in source.aiter_sse():
+                if event.data.strip() == "[DONE]":
+                    break
+                chunk = json.loads(event.data)
+                if "error" in chunk:
+                    raise PageError(f"{url} failed the page mid-stream: {chunk['error']}", transient=True)
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece:
+                        parts.append(piece)
+                        size += len(piece)
+                    finish = choice.get("finish_reason") or finish
+                if size >= watch.next_check and watch.check("".join(parts)):
+                    log.info("%s: reply repeats its tail at %d characters; stopped reading", url, size)
+                    return Reply("".join(parts), "repetition")
+        except (SSEError, ValueError, AttributeError, TypeError) as exc:
+            raise PageError(f"{url} answered 200 without a chat-completion stream: {exc}", transient=True) from None
+        if finish is None:
+            raise PageError(f"{url}: the reply's stream ended before its finish_reason", transient=True)
+        return Reply("".join(parts), "length" if finish == "length" else "stop")
 
     async def _poll_forever(self) -> None:
         while True:
@@ -362,17 +449,3 @@ def _error_message(response: httpx.Response) -> str:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:300]
-
-
-def _reply_text(response: httpx.Response, url: str) -> str:
-    """The assistant message of a chat completion.
-
-    Raises:
-        PageError: a 200 whose body is not a chat completion (transient: a proxy or a restart).
-    """
-    try:
-        return response.json()["choices"][0]["message"]["content"] or ""
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise PageError(
-            f"{url} answered 200 without a chat completion: {response.text[:200]!r}", transient=True
-        ) from None

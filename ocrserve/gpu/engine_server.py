@@ -5,7 +5,9 @@ It answers the part of ``vllm serve``'s API a gateway uses, in vLLM's shapes:
 * ``POST /v1/chat/completions``: the one image of the last user message (a base64 ``data:`` URI)
   is decoded and normalized by :mod:`ocrserve.preprocess`, read by the engine, and its text (lines
   joined by newlines) comes back as the assistant message. Prompt and sampling fields are accepted
-  and ignored: the embedded engine does plain OCR. Errors are OpenAI error bodies
+  and ignored: the embedded engine does plain OCR. With ``"stream": true`` the same answer comes
+  as vLLM's server-sent events (``chat.completion.chunk``: the role, the text, ``finish_reason``,
+  then ``data: [DONE]``), sent once the page is read. Errors are OpenAI error bodies
   (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad request or image, 404 for
   another model name, 500/503 when the engine fails.
 * ``GET /v1/models``, ``GET /health`` (200 once the engine is loaded: the port opens only then, as
@@ -28,6 +30,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import json
 import socket
 import time
 import uuid
@@ -35,7 +38,7 @@ import uuid
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict
 
@@ -186,13 +189,11 @@ class EngineServer:
         """Answer one chat-completions request (see the module docstring).
 
         Raises:
-            ApiError: 404 for another model, 400 for streaming or a bad image, 500/503 when the
+            ApiError: 404 for another model, 400 for a bad image, 500/503 when the
                 engine fails (503 when retrying may help).
         """
         if request.model != self.served_model_name:
             raise ApiError(404, f"The model `{request.model}` does not exist.", "NotFoundError", "model")
-        if request.stream:
-            raise ApiError(400, "stream=true is not supported by ocrserve engine serve", param="stream")
         page = await self.decode(image_bytes(request.messages))
         try:
             text = await self._read(page, request.priority)
@@ -236,6 +237,25 @@ class EngineServer:
         return result.text
 
 
+def _chunks(completion: dict):
+    """A finished completion as vLLM streams one: ``data:`` events of ``chat.completion.chunk``
+    (the role, the content, the finish reason), then ``data: [DONE]``."""
+    (choice,) = completion["choices"]
+    head = {key: completion[key] for key in ("id", "created", "model", "system_fingerprint")}
+    deltas = [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": choice["message"]["content"]}, None),
+        ({}, choice["finish_reason"]),
+    ]
+    for delta, finish in deltas:
+        chunk = head | {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def create_engine_app(config: Config, *, served_model_name: str, replica_id: str) -> FastAPI:
     """The FastAPI app of ``ocrserve engine serve`` (see the module docstring)."""
     server = EngineServer(config, served_model_name, replica_id)
@@ -266,11 +286,14 @@ def create_engine_app(config: Config, *, served_model_name: str, replica_id: str
         return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None).response()
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request) -> JSONResponse:
-        """One page in (an image_url data URI), its text out as the assistant message; a client that
-        disconnects first aborts it."""
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        """One page in (an image_url data URI), its text out as the assistant message (streamed
+        when asked); a client that disconnects first aborts it."""
         completion = await until_disconnect(request, server.complete(body))
-        return JSONResponse(completion, headers={REPLICA_HEADER: server.fingerprint})
+        headers = {REPLICA_HEADER: server.fingerprint}
+        if body.stream:
+            return StreamingResponse(_chunks(completion), media_type="text/event-stream", headers=headers)
+        return JSONResponse(completion, headers=headers)
 
     @app.get("/v1/models")
     async def models() -> dict:

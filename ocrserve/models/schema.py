@@ -127,6 +127,7 @@ class Entry(BaseModel):
     system_prompt: Cited[str | None] | str | None = None
     image_first: Cited[bool] | bool = True
     sampling: Cited[dict[str, Any]]
+    retry_sampling: Cited[dict[str, Any]] | None = None
     postprocess: Cited[str] | None = None
     vllm_flags: Cited[list[str]]
     min_vllm: Cited[str]

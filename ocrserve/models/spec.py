@@ -64,6 +64,8 @@ class ModelSpec:
             :data:`TILES` (DeepSeek-OCR Gundam tiling, sized by :attr:`tiles`).
         prompts: instruction per task: ``text`` (plain text), ``markdown``, ``table``.
         sampling: OpenAI chat-completions parameters (vLLM spelling; ``max_tokens`` always set).
+        retry_sampling: what the one retry of a page cut by ``max_tokens`` changes in
+            ``sampling`` (the card's stronger repetition guard); empty = no retry.
         vllm_flags: ``vllm serve`` flags the model needs beyond the planned ones.
         min_vllm: lowest vLLM release that serves the model.
         sources: field name -> where its value comes from.
@@ -113,6 +115,7 @@ class ModelSpec:
     row_tokens: int = 0
     image_tokens: int = 0
     profile_image: tuple[int, int] | None = None
+    retry_sampling: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def factor(self) -> int:

@@ -113,21 +113,30 @@ def problem_text(response: httpx.Response) -> str:
     return f"{response.status_code} {detail}"
 
 
-async def fast_request(client: httpx.AsyncClient, page: bytes, lane: Lane) -> None:
-    """One synchronous single-page request in the fast lane."""
+async def admitted(lane: Lane, send: Awaitable[httpx.Response], expected: int) -> httpx.Response | None:
+    """``send``'s response when the gateway accepted it with ``expected``; otherwise None, having
+    counted it as sent and then rejected (a 503/429) or failed (a transport error or another status)."""
     lane.sent += 1
-    started = time.monotonic()
     try:
-        response = await client.post("/v1/ocr", files={"file": ("page", page)}, data={"priority": "interactive"})
+        response = await send
     except httpx.HTTPError as exc:
         lane.fail(f"transport: {type(exc).__name__}")
-        return
+        return None
     if response.status_code in REJECTIONS:
         lane.reject(response)
-        return
+        return None
     lane.accepted += 1
-    if response.status_code != 200:
+    if response.status_code != expected:
         lane.fail(problem_text(response))
+        return None
+    return response
+
+
+async def fast_request(client: httpx.AsyncClient, page: bytes, lane: Lane) -> None:
+    """One synchronous single-page request in the fast lane."""
+    started = time.monotonic()
+    send = client.post("/v1/ocr", files={"file": ("page", page)}, data={"priority": "interactive"})
+    if await admitted(lane, send, 200) is None:
         return
     lane.completed += 1
     lane.pages += 1
@@ -136,19 +145,9 @@ async def fast_request(client: httpx.AsyncClient, page: bytes, lane: Lane) -> No
 
 async def bulk_job(client: httpx.AsyncClient, files: list, pages: int, lane: Lane, give_up_at: float) -> None:
     """One job: submitted, then polled until it ends or ``give_up_at`` (``time.monotonic()``) passes."""
-    lane.sent += 1
     started = time.monotonic()
-    try:
-        response = await client.post("/v1/jobs", files=files)
-    except httpx.HTTPError as exc:
-        lane.fail(f"transport: {type(exc).__name__}")
-        return
-    if response.status_code in REJECTIONS:
-        lane.reject(response)
-        return
-    lane.accepted += 1
-    if response.status_code != 202:
-        lane.fail(problem_text(response))
+    response = await admitted(lane, client.post("/v1/jobs", files=files), 202)
+    if response is None:
         return
     status = await poll_job(client, response.headers["location"], give_up_at)
     if status != "succeeded":

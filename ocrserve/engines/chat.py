@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from ocrserve.models import ModelSpec
-from ocrserve.pages import Line, Page
+from ocrserve.pages import Line, Page, PageResult
 
 if TYPE_CHECKING:
     from ocrserve.config import RepeatGuardConfig
@@ -262,3 +262,18 @@ def read_reply(spec: ModelSpec, reply: str, page: Page) -> tuple[str, list[Line]
     if boxed is not None:
         return boxed
     return text, _text_lines(text, page_box(page))
+
+
+def reply_result(spec: ModelSpec, reply: str, page: Page, timings: dict, generation: dict) -> PageResult:
+    """The :class:`PageResult` of ``page`` from a model's ``reply`` (:func:`read_reply`), with the
+    engine's ``timings`` (seconds) and ``generation`` report (``finish_reason`` and the like)."""
+    text, lines = read_reply(spec, reply, page)
+    return PageResult(
+        index=page.index,
+        width=page.width,
+        height=page.height,
+        text=text,
+        lines=lines,
+        timings=timings,
+        generation=generation,
+    )

@@ -4,7 +4,7 @@ When a page comes out wrong in production, this engine tells a model problem fro
 it gets the same page from the same preprocessor and sends the model the same request the ``vllm``
 engine sends (:func:`ocrserve.engines.chat.page_recipe`: messages, prompt, image as a PNG/JPEG
 ``data:`` URI, the registry's sampling), then reads the reply the same way
-(:func:`~ocrserve.engines.chat.read_reply`).
+(:func:`~ocrserve.engines.chat.reply_result`).
 
 Loading (in :meth:`TransformersEngine.start`, on the engine's one thread): ``AutoProcessor`` and
 ``AutoModelForImageTextToText`` (which maps ``hunyuan_vl`` to ``HunYuanVLForConditionalGeneration``),
@@ -43,7 +43,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ocrserve.config import Config, RepeatGuardConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.chat import RepeatWatch, image_data_uri, page_recipe, read_reply
+from ocrserve.engines.chat import RepeatWatch, image_data_uri, page_recipe, reply_result
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, ModelSpec, get_model
 from ocrserve.pages import Page, PageResult
@@ -292,21 +292,13 @@ class TransformersEngine(Engine):
         except asyncio.CancelledError:
             cancel.set()
             raise
-        text, lines = read_reply(self.spec, gen.reply, page)
-        return PageResult(
-            index=page.index,
-            width=page.width,
-            height=page.height,
-            text=text,
-            lines=lines,
-            timings={
-                "encode_s": round(encode_s, 4),
-                "processor_s": round(gen.processor_s, 4),
-                "prefill_s": round(gen.prefill_s, 4),
-                "decode_s": round(gen.decode_s, 4),
-            },
-            generation=gen.report(),
-        )
+        timings = {
+            "encode_s": round(encode_s, 4),
+            "processor_s": round(gen.processor_s, 4),
+            "prefill_s": round(gen.prefill_s, 4),
+            "decode_s": round(gen.decode_s, 4),
+        }
+        return reply_result(self.spec, gen.reply, page, timings, gen.report())
 
     # -- on the engine thread ---------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from tenacity import retry_if_exception_type
 from ocrserve import backoff, metrics
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.chat import RepeatWatch, completion_request, image_data_uri, read_reply, retry_sampling
+from ocrserve.engines.chat import RepeatWatch, completion_request, image_data_uri, reply_result, retry_sampling
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, get_model
 from ocrserve.pages import Page, PageResult
@@ -255,20 +255,13 @@ class VllmEngine(Engine):
             if deadline is not None and deadline.passed():
                 raise DeadlinePassed(f"page {page.index + 1}: its deadline passed in the engine") from None
             raise
-        text, lines = read_reply(self.spec, reply.text, page)
-        return PageResult(
-            index=page.index,
-            width=page.width,
-            height=page.height,
-            text=text,
-            lines=lines,
-            timings={"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)},
-            generation={
-                "finish_reason": reply.finish_reason,
-                "truncated": reply.finish_reason == "length",
-                "retried": retry is not None,
-            },
-        )
+        timings = {"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)}
+        generation = {
+            "finish_reason": reply.finish_reason,
+            "truncated": reply.finish_reason == "length",
+            "retried": retry is not None,
+        }
+        return reply_result(self.spec, reply.text, page, timings, generation)
 
     def _request_body(self, page: Page, priority: int) -> dict:
         uri = image_data_uri(page.image, self.cfg.image_format, self.cfg.jpeg_quality)

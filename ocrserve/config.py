@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -726,15 +727,30 @@ def _describe(exc: ValidationError, path: Path, environ: Mapping[str, str], over
     env_names = sorted(
         name for name in environ if name.upper().startswith(ENV_PREFIX) and name.upper() not in NON_CONFIG_ENV
     )
-    lines = []
+    failed: dict[tuple[str, ...], list[dict]] = {}
     for err in exc.errors():
-        parts = [str(p) for p in err["loc"]]
+        parts = tuple(str(p) for p in err["loc"] if not _UNION_MEMBER.match(str(p)))
+        failed.setdefault(parts, []).append(err)
+    lines = []
+    for parts, errs in failed.items():
         key = ".".join(parts)
         var = ENV_PREFIX + ENV_DELIMITER.join(parts).upper()
         origins = [name for name in env_names if name.upper() == var or name.upper().startswith(var + ENV_DELIMITER)]
-        hint = f" (from {', '.join(origins)})" if origins and not _set_by(overrides, parts) else ""
-        if err["type"] == "extra_forbidden":
+        hint = f" (from {', '.join(origins)})" if origins and not _set_by(overrides, list(parts)) else ""
+        if errs[0]["type"] == "extra_forbidden":
             lines.append(f"unknown key {key!r}{hint}")
         else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r}){hint}")
+            lines.append(f"{key}: {_either(errs)} (got {errs[0].get('input')!r}){hint}")
     return f"invalid configuration (profile {path.name}): " + "; ".join(lines)
+
+
+#: A union member's tag in a pydantic error's ``loc`` (``constrained-int``, ``literal['auto']``,
+#: ``int``): not a key, so left out of the key the message names.
+_UNION_MEMBER = re.compile(r"^(int|float|str|bool|[a-z]+-[a-z-]+(\[.*\])?|[a-z]+\[.*\])$")
+
+
+def _either(errs: list[dict]) -> str:
+    """The messages of a value every member of a union refused, as one: ``Input should be greater
+    than or equal to 1, or 'auto'``."""
+    first, *rest = (err["msg"] for err in errs)
+    return ", or ".join([first, *(msg.removeprefix("Input should be ") for msg in rest)])

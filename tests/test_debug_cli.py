@@ -64,7 +64,7 @@ def test_prints_the_stage_table(tiny):
     assert tokens and int(tokens.group(1)) == TOKENS and float(tokens.group(2).replace(",", "")) > 0
     peak = re.search(r"([0-9,.]+) MiB \(rss\)", row(out, "peak memory"))
     assert peak and float(peak.group(1).replace(",", "")) > 50
-    assert "finish_reason: length (cut by max_new_tokens)" in out
+    assert "finish_reason: length (cut by max_new_tokens, twice: retried once with repetition_penalty=1.15;" in out
     assert "G" * TOKENS in out
 
 
@@ -106,6 +106,19 @@ def test_compare_with_a_gateway(tiny):
     assert report.exit_code == 0, report.output
     compare = json.loads(report.stdout)["compare"]
     assert (compare["text"], compare["cer"], compare["finish_reason"]) == ("G" * TOKENS, 0.0, "length")
+    assert compare["same_model"] is True and "may differ by model" not in table.stdout
+
+
+def test_compare_with_a_gateway_serving_another_model_says_so(tiny):
+    gw = Gateway().wait_ready()  # the local profile: the ONNX engine
+    try:
+        table = debug(PHOTOTEST, "--model", tiny, "--compare", gw.url)
+    finally:
+        gw.stop()
+    assert table.exit_code == 0, table.output
+    out = " ".join(table.stdout.split())
+    assert f"note: the gateway serves rapidocr/PP-OCRv6-small, not {tiny}: the texts may differ by model" in out
+    assert "The quick brown dog" in out  # the ONNX engine's real reading of phototest
 
 
 def test_compare_with_no_gateway_fails_after_the_local_run(tiny):
@@ -120,13 +133,16 @@ def test_compare_with_no_gateway_fails_after_the_local_run(tiny):
     [
         (["tests/data/no-such-file.png"], "no such file"),
         ([PHOTOTEST, "--page", "2"], "has 1 page(s); --page 2 is out of range"),
-        ([PHOTOTEST, "--model", "/no/such/model"], "model folder not found: /no/such/model"),
+        ([PHOTOTEST, "--model", "/no/such/model"], "engine.model: no such model folder: '/no/such/model'"),
+        ([PHOTOTEST, "--model", "tests"], "engine.model: 'tests' holds no config.json"),
+        ([PHOTOTEST, "--set", "engine.transformers.device=tpu"], "engine.transformers.device='tpu': Expected one of"),
+        ([PHOTOTEST, "--set", "engine.transformers.device=cuda:99"], "engine.transformers.device='cuda:99': torch"),
         ([PHOTOTEST, "--profile", "local"], "needs a transformers one"),
         ([str(DATA), "--model", "."], "no such file"),
     ],
 )
 def test_bad_input_exits_2(tiny, args, message):
-    result = debug(*args)
+    result = debug(*args, *([] if "--model" in args else ["--model", tiny]))
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split())
 

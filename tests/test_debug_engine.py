@@ -8,9 +8,11 @@ the guards. Needs the debug extra (torch, transformers >= 5.13).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import httpx
+import huggingface_hub
 import numpy as np
 import pytest
 
@@ -146,7 +148,47 @@ async def test_a_looping_generation_is_cut_and_says_why(looping, overrides, reas
         assert generation["new_tokens"] < 10
 
 
-def test_both_engines_send_the_same_request():
+async def test_a_length_cut_page_is_retried_once_with_the_stronger_guard(looping, caplog):
+    caplog.set_level(logging.INFO, "ocrserve.engines.transformers")
+    engine = TransformersEngine(
+        load_config("debug", [f"engine.model={looping}", "engine.transformers.max_new_tokens=8"])
+    )
+    await engine.start()
+    try:
+        result = await engine.ocr_page(page())
+    finally:
+        await engine.close()
+    assert engine.spec.retry_sampling == {"repetition_penalty": 1.15}  # HunyuanOCR's entry
+    generation = result.generation
+    assert (generation["finish_reason"], generation["truncated"], generation["retried"]) == ("length", True, True)
+    assert "cut by max_new_tokens; retrying once with {'repetition_penalty': 1.15}" in caplog.text
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache in ``tmp_path``; ``hf_cache(model_id)`` puts a model's
+    ``config.json`` in it, laid out as ``hf download`` leaves it (no weights)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+
+    def cache(model_id: str) -> None:
+        repo = tmp_path / ("models--" + model_id.replace("/", "--"))
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+        (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+        (repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+
+    return cache
+
+
+def test_a_model_not_in_the_cache_is_refused_before_loading(hf_cache, tmp_path):
+    with pytest.raises(ValueError, match=r"tencent/HunyuanOCR is not in the Hugging Face cache \(.*\) and nothing"):
+        TransformersEngine(load_config("debug", ["engine.model=HunyuanOCR"]))
+    hf_cache("tencent/HunyuanOCR")
+    assert TransformersEngine(load_config("debug", ["engine.model=HunyuanOCR"])).weights == "tencent/HunyuanOCR"
+
+
+def test_both_engines_send_the_same_request(hf_cache):
+    hf_cache("tencent/HunyuanOCR")
     page_ = page()
     prod = VllmEngine(
         load_config("prod", ["engine.vllm.base_urls=[http://127.0.0.1:9]", "engine.vllm.slots_per_replica=1"])

@@ -266,3 +266,22 @@ def test_taken_address_fails_before_models_or_vllm_start(profile):
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
     assert "started vLLM" not in done.stdout + done.stderr and "Waiting for application startup" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("engine.model=/no/such/model", "engine.model: no such model folder: '/no/such/model'"),
+        ("engine.transformers.device=tpu", "engine.transformers.device='tpu': Expected one of cpu, cuda"),
+        ("engine.transformers.max_new_tokens=0", "greater than or equal to 1, or 'auto' (got 0)"),
+    ],
+)
+def test_a_bad_debug_engine_setting_fails_before_the_server_starts(tmp_path, setting, message):
+    pytest.importorskip("transformers", minversion="5.13", reason="the debug engine needs '.[debug]'")
+    from tests.tiny_hunyuan import build_tiny_hunyuan
+
+    model = f"engine.model={build_tiny_hunyuan(tmp_path)}"
+    result = CliRunner().invoke(app, ["launch", "--profile", "debug", "--set", model, "--set", setting])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output and "gateway:" not in result.stdout

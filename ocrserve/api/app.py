@@ -29,6 +29,10 @@ async def _warm_up(app: FastAPI) -> None:
     state = app.state
     try:
         await asyncio.gather(state.engine.start(), state.preprocessor.warm_up())
+    except ValueError as exc:  # a checkpoint or setting the engine cannot use: the message says which
+        log.error("engine failed to start: %s", exc)
+        state.engine_error = f"{type(exc).__name__}: {exc}"
+        return
     except Exception as exc:  # keep serving /healthz; /readyz reports the failure
         log.exception("engine failed to start")
         state.engine_error = f"{type(exc).__name__}: {exc}"

@@ -84,17 +84,6 @@ def _preprocess(file: Path, number: int, config: Config) -> tuple[Page, dict]:
     return decoded, stages
 
 
-def _check_model_folder(source: str) -> None:
-    """A ``source`` spelled as a path (``/``, ``.``, ``~`` first, or an existing folder) must be a
-    folder holding ``config.json``; registry ids are left to the engine."""
-    path = Path(source).expanduser()
-    if source.startswith(("/", ".", "~")) or path.is_dir():
-        if not path.is_dir():
-            raise _fail(f"model folder not found: {source}")
-        if not (path / "config.json").is_file():
-            raise _fail(f"{source} holds no config.json: not a model folder")
-
-
 async def _run_engine(engine, page: Page, status) -> tuple[object, float]:
     """Start the engine (load and warm up), OCR the page, close; the result and the start's seconds."""
     t0 = time.perf_counter()
@@ -166,7 +155,13 @@ def _size(wh: list[int]) -> str:
 def _print_report(console: Console, report: dict) -> None:
     console.print(_stage_table(report))
     reason = report["finish_reason"]
-    console.print(f"finish_reason: [bold]{reason}[/bold] ({FINISH_REASONS.get(reason, '?')})", highlight=False)
+    retried = report["retried"]
+    if retried:  # the first reply was cut by max_new_tokens
+        changed = ", ".join(f"{k}={v}" for k, v in retried.items())
+        retried = f", twice: retried once with {changed}; times add both tries, tokens are the retry's"
+    console.print(
+        f"finish_reason: [bold]{reason}[/bold] ({FINISH_REASONS.get(reason, '?')}{retried or ''})", highlight=False
+    )
     compare = report.get("compare")
     if compare is None:
         console.rule("text")
@@ -182,6 +177,12 @@ def _print_report(console: Console, report: dict) -> None:
     )
     side.add_row(f"finish_reason: {reason}", remote)
     console.print(side, markup=False, highlight=False)
+    if not compare["same_model"]:
+        console.print(
+            f"[yellow]note:[/yellow] the gateway serves {compare['model']}, not {report['stages']['load']['model']}: "
+            "the texts may differ by model, not by serving",
+            highlight=False,
+        )
     console.print(
         f"CER of the gateway's text against the debug engine's: [bold]{compare['cer']:.2%}[/bold]"
         + (" (identical)" if compare["text"] == report["text"] else ""),
@@ -237,12 +238,11 @@ def debug(
         from ocrserve.engines.transformers import TransformersEngine
     except ImportError as exc:
         raise _fail(f"{INSTALL_HINT} ({exc})") from None
-    _check_model_folder(config.engine.model)
-    decoded, stages = _preprocess(file, page, config)
     try:
         engine = TransformersEngine(config)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    decoded, stages = _preprocess(file, page, config)
     source = config.engine.model
     with err_console.status(f"loading {source} on {engine.device} ({engine.dtype})...") as status:
         try:
@@ -263,6 +263,7 @@ def debug(
         | {
             "load": {
                 "s": round(load_s, 4),
+                "model": engine.model,
                 "class": info["class"],
                 "parameters": info["parameters"],
                 "device": info["device"],
@@ -284,6 +285,7 @@ def debug(
             "peak_memory": {"kind": kind, "bytes": peak},
         },
         "finish_reason": gen["finish_reason"],
+        "retried": dict(engine.spec.retry_sampling) if gen["retried"] else None,
         "text": result.text,
     }
     failed = None
@@ -298,6 +300,7 @@ def debug(
             report["compare"] = {
                 "url": compare,
                 "model": body.get("model"),
+                "same_model": body.get("model") == engine.model,
                 "text": remote.get("text", ""),
                 "finish_reason": (remote.get("generation") or {}).get("finish_reason"),
                 "error": remote.get("error"),

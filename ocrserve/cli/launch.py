@@ -11,6 +11,7 @@ from rich.console import Console
 from ocrserve.cli.common import Overrides, err_console, load_or_exit
 from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config
+from ocrserve.engines import create_engine
 from ocrserve.gpu.launcher import (
     AddressTaken,
     VllmStartError,
@@ -71,6 +72,11 @@ def launch(
     if manages_vllm(config):
         _launch_with_vllm(config, dry_run)
         return
+    try:
+        create_engine(config)  # loads nothing: a bad engine section fails here, not in the server
+    except ValueError as exc:
+        err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
+        raise typer.Exit(2) from None
     typer.echo("gateway: " + shlex.join(gateway_command(config)))
     if not dry_run:
         try:

@@ -34,16 +34,20 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoModelForImageTextToText, AutoProcessor, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
+from transformers.utils import logging as hf_logging
 
 from ocrserve.config import Config, RepeatGuardConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.chat import RepeatWatch, image_data_uri, page_recipe, reply_result
+from ocrserve.engines.chat import RepeatWatch, image_data_uri, page_recipe, reply_result, retry_sampling
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, ModelSpec, get_model
 from ocrserve.pages import Page, PageResult
@@ -81,10 +85,40 @@ def generate_kwargs(sampling: Mapping[str, object], max_new_tokens: int | None =
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``; any other name as torch spells it."""
+    """``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``; any other name as torch spells it.
+
+    Raises:
+        ValueError: a name torch does not know, or a CUDA device torch cannot see.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"engine.transformers.device={name!r}: {exc}") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        seen = f"{torch.cuda.device_count()} CUDA device(s)" if torch.version.cuda else "no CUDA (a CPU-only build)"
+        raise ValueError(f"engine.transformers.device={name!r}: torch {torch.__version__} sees {seen}")
+    return device
+
+
+def locate_weights(source: str, spec: ModelSpec) -> str:
+    """Where ``from_pretrained`` finds ``source``'s files without downloading: the local folder
+    :func:`~ocrserve.models.get_model` read ``spec`` from, or the model's Hugging Face id when the
+    Hugging Face cache holds it.
+
+    Raises:
+        ValueError: a registry model the cache does not hold.
+    """
+    path = Path(source).expanduser()
+    if (path / "config.json").is_file():
+        return str(path)
+    if not isinstance(try_to_load_from_cache(spec.id, "config.json"), str):
+        raise ValueError(
+            f"engine.model={source!r}: {spec.id} is not in the Hugging Face cache ({hf_constants.HF_HUB_CACHE}) and "
+            f"nothing is downloaded at run time; fetch it first (`hf download {spec.id}`) or pass a local folder"
+        )
+    return spec.id
 
 
 def resolve_dtype(name: str, device: torch.device, spec: ModelSpec) -> torch.dtype:
@@ -160,7 +194,9 @@ class Generation:
         prompt_tokens, image_tokens, new_tokens: counts.
         processor_s, prefill_s, decode_s: seconds in the processor (chat template, image
             decoding and patching), up to the first new token, and after it.
+        tokens_per_s: decoding speed after the first token (0 with fewer than 2 tokens).
         started_at, ended_at: Unix time the page's work began and ended on the engine thread, s.
+        retried: the reply is the second attempt, after the first was cut by ``max_new_tokens``.
     """
 
     reply: str
@@ -171,18 +207,30 @@ class Generation:
     processor_s: float
     prefill_s: float
     decode_s: float
+    tokens_per_s: float
     started_at: float
     ended_at: float
+    retried: bool = False
 
-    @property
-    def tokens_per_s(self) -> float:
-        """Decoding speed after the first token, tokens/s (0 with fewer than 2 tokens)."""
-        return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 and self.decode_s > 0 else 0.0
+    def after(self, first: Generation) -> Generation:
+        """This generation as the retry of ``first``: its reply, counts and tokens/s, with the
+        seconds of both attempts added (so the page's ``engine_s`` covers both) and ``first``'s start."""
+        return replace(
+            self,
+            processor_s=first.processor_s + self.processor_s,
+            prefill_s=first.prefill_s + self.prefill_s,
+            decode_s=first.decode_s + self.decode_s,
+            started_at=first.started_at,
+            retried=True,
+        )
 
     def report(self) -> dict:
-        """``PageResult.generation``: the reason, the counts, tokens/s and the instants."""
+        """``PageResult.generation``: the reason (and, as the ``vllm`` engine reports them,
+        ``truncated`` and ``retried``), the counts, tokens/s and the instants."""
         return {
             "finish_reason": self.finish_reason,
+            "truncated": self.finish_reason == "length",
+            "retried": self.retried,
             "prompt_tokens": self.prompt_tokens,
             "image_tokens": self.image_tokens,
             "new_tokens": self.new_tokens,
@@ -201,7 +249,8 @@ class TransformersEngine(Engine):
             task and image encoding (the request the ``vllm`` engine would send).
 
     Raises:
-        ValueError: a model the registry cannot serve.
+        ValueError: a model the registry cannot serve, weights not on this machine, or a device
+            torch cannot use (the message names the key).
     """
 
     def __init__(self, config: Config):
@@ -215,6 +264,7 @@ class TransformersEngine(Engine):
         except ModelError as exc:
             raise ValueError(f"engine.model: {exc}") from None
         self.model = self.spec.id
+        self.weights = locate_weights(self.source, self.spec)
         self.unmapped = [key for key in UNMAPPED_SAMPLING if key in self.spec.sampling]
         self.sampling = generate_kwargs(
             self.spec.sampling, None if self.cfg.max_new_tokens == "auto" else self.cfg.max_new_tokens
@@ -234,8 +284,8 @@ class TransformersEngine(Engine):
         """Load the processor and model on the engine thread, run one warm-up page, set ``ready``.
 
         Raises:
-            ValueError: the model is neither a local folder nor in the Hugging Face cache, or
-                transformers has no image-text-to-text class for it.
+            ValueError: the checkpoint lacks a file, or transformers has no image-text-to-text
+                class for it.
         """
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self._load)
@@ -254,6 +304,7 @@ class TransformersEngine(Engine):
             "parameters": self.parameters,
             "class": type(self._net).__name__ if self._net is not None else None,
             "attn_implementation": self.cfg.attn_implementation,
+            "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "max_new_tokens": self.sampling["max_new_tokens"],
             "page_timeout_s": self.cfg.page_timeout_s,
             "sampling_not_applied": self.unmapped,
@@ -303,21 +354,19 @@ class TransformersEngine(Engine):
     # -- on the engine thread ---------------------------------------------------------------
 
     def _load(self) -> None:
+        hf_logging.disable_progress_bar()  # its "Loading weights" bars would garble logs and the CLI's status
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         try:
-            self._processor = AutoProcessor.from_pretrained(self.source, local_files_only=True)
+            self._processor = AutoProcessor.from_pretrained(self.weights, local_files_only=True)
             net = AutoModelForImageTextToText.from_pretrained(
-                self.source,
+                self.weights,
                 local_files_only=True,
                 dtype=self.dtype,
                 attn_implementation=self.cfg.attn_implementation,
             )
-        except OSError as exc:
-            raise ValueError(
-                f"engine.model={self.source!r}: not a local folder with the model nor in the Hugging Face "
-                f"cache (nothing is downloaded; fetch it first, e.g. `hf download {self.source}`): {exc}"
-            ) from None
+        except OSError as exc:  # a file the folder or the cache lacks (config.json is there)
+            raise ValueError(f"engine.model={self.source!r}: incomplete checkpoint: {exc}") from None
         self._net = net.to(self.device).eval()
         self.parameters = sum(p.numel() for p in self._net.parameters())
         log.info(
@@ -338,17 +387,32 @@ class TransformersEngine(Engine):
         uri = image_data_uri(image)
         messages = page_recipe(self.spec, self.recipe.task, uri)["messages"]
         warm = {**self.sampling, "max_new_tokens": WARM_UP_TOKENS}
-        self._generate(messages, warm, None, threading.Event(), time.time())
+        self._generate(messages, warm, time.monotonic() + self.cfg.page_timeout_s, threading.Event(), time.time())
 
     def _run_page(self, page: Page, deadline: Deadline | None, cancel: threading.Event) -> tuple[Generation, float]:
-        """The page's generation and the seconds spent encoding its image."""
+        """The page's generation and the seconds spent encoding its image.
+
+        A reply cut by ``max_new_tokens`` is generated once more with the registry's
+        ``retry_sampling`` (as the ``vllm`` engine does), within the same wall-clock cap
+        (:meth:`Generation.after` tells what the page then reports)."""
         if deadline is not None and deadline.passed():
             raise DeadlinePassed(f"page {page.index + 1}: its deadline passed while it waited for the engine")
         started_at, t0 = time.time(), time.perf_counter()
         messages = self.request(page)["messages"]
         encode_s = time.perf_counter() - t0
+        stop_at = time.monotonic() + (
+            min(self.cfg.page_timeout_s, deadline.left()) if deadline else self.cfg.page_timeout_s
+        )
         try:
-            return self._generate(messages, self.sampling, deadline, cancel, started_at), encode_s
+            gen = self._generate(messages, self.sampling, stop_at, cancel, started_at)
+            retry = retry_sampling(self.spec, self.spec.sampling) if gen.finish_reason == "length" else None
+            if retry is not None:
+                log.info(
+                    "page %d: cut by max_new_tokens; retrying once with %s", page.index + 1, self.spec.retry_sampling
+                )
+                kwargs = generate_kwargs(retry, self.sampling["max_new_tokens"])
+                gen = self._generate(messages, kwargs, stop_at, cancel, started_at).after(gen)
+            return gen, encode_s
         except torch.OutOfMemoryError as exc:
             raise PageError(f"page {page.index + 1}: out of memory on {self.device}: {exc}", transient=True) from None
         except (RuntimeError, ValueError) as exc:
@@ -358,12 +422,12 @@ class TransformersEngine(Engine):
         self,
         messages: list[dict],
         kwargs: dict,
-        deadline: Deadline | None,
+        stop_at: float,
         cancel: threading.Event,
         started_at: float,
     ) -> Generation:
-        """Process ``messages`` and generate with ``kwargs`` under the guards; ``started_at`` (Unix s)
-        is when the page's work began."""
+        """Process ``messages`` and generate with ``kwargs`` under the guards, stopping at the
+        ``time.monotonic()`` instant ``stop_at``; ``started_at`` (Unix s) is when the page's work began."""
         t0 = time.perf_counter()
         inputs = self._processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
@@ -371,8 +435,7 @@ class TransformersEngine(Engine):
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         ids = inputs["input_ids"][0]
         prompt_len = int(ids.numel())
-        cap_s = min(self.cfg.page_timeout_s, deadline.left()) if deadline else self.cfg.page_timeout_s
-        cap = WallClockCap(time.monotonic() + cap_s, cancel)
+        cap = WallClockCap(stop_at, cancel)
         repeats = RepetitionGuard(self.repeat_guard, self._processor.tokenizer, prompt_len)
         clock = StepClock()
         t1 = time.perf_counter()
@@ -382,6 +445,7 @@ class TransformersEngine(Engine):
             )
         new = out[0, prompt_len:]
         first = clock.puts[1] if len(clock.puts) > 1 else clock.ended
+        decode_s, steps = clock.ended - first, new.numel() - 1
         return Generation(
             reply=self._processor.decode(new, skip_special_tokens=bool(self.spec.sampling.get("skip_special_tokens"))),
             finish_reason=self._finish_reason(new, kwargs["max_new_tokens"], cap, repeats),
@@ -390,7 +454,8 @@ class TransformersEngine(Engine):
             new_tokens=int(new.numel()),
             processor_s=t1 - t0,
             prefill_s=first - t1,
-            decode_s=clock.ended - first,
+            decode_s=decode_s,
+            tokens_per_s=steps / decode_s if steps > 0 and decode_s > 0 else 0.0,
             started_at=started_at,
             ended_at=time.time(),
         )

@@ -70,11 +70,16 @@ def get_model(name: str) -> ModelSpec:
     spec read from a local folder holding ``config.json`` (:func:`from_local`).
 
     Raises:
-        ModelError: neither a known id nor a readable local checkpoint.
+        ModelError: neither a known id nor a readable local checkpoint; a name spelled as a path
+            (``/``, ``.`` or ``~`` first) that is no folder, or a folder without ``config.json``.
     """
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return from_local(path)
+    if path.is_dir():
+        raise ModelError(f"{name!r} holds no config.json, so it is no model folder")
+    if name.startswith(("/", ".", "~")):
+        raise ModelError(f"no such model folder: {name!r}")
     wanted = name.strip().lower()
     for spec in REGISTRY.values():
         if wanted in (spec.id.lower(), spec.id.split("/", 1)[1].lower()):

@@ -45,6 +45,9 @@ MIB = 2**20
 def _worker_init(gateway_pid: int, memory_mb: int) -> None:
     # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ctrl-C reaches the terminal's whole process group: the gateway drains, then closes the pool,
+    # which ends this process; a KeyboardInterrupt here would lose its page and print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.showwarning = RateLimitedWarnings(WARNINGS_PER_MINUTE)
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb * MIB, memory_mb * MIB))
     _die_with(gateway_pid)

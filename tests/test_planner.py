@@ -223,6 +223,36 @@ def test_overrides_pass_through_and_are_checked():
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), overrides={"max_model_len": 4096})
 
 
+def test_a_max_model_len_beyond_the_cache_or_the_positions_is_refused_with_what_fits():
+    model, gpu = get_model("tencent/HunyuanOCR"), lookup("RTX 3060 12G")
+    kv_tokens = plan_serving(model, gpu).value("kv_tokens")
+    assert kv_tokens < model.max_position_embeddings == 131_072
+    with pytest.raises(PlanError, match=r"above the 131,072 positions tencent/HunyuanOCR supports; at most "):
+        plan_serving(model, gpu, overrides={"max_model_len": 500_000})
+    with pytest.raises(PlanError, match=rf"the KV cache holds {kv_tokens:,} tokens .*; at most {kv_tokens:,}$"):
+        plan_serving(model, gpu, overrides={"max_model_len": kv_tokens + 16})
+    assert plan_serving(model, gpu, overrides={"max_model_len": kv_tokens}).vllm_args["max_model_len"] == kv_tokens
+
+
+def test_plan_takes_set_like_launch():
+    result = CliRunner().invoke(
+        _cli(), ["plan", "--gpu", "RTX 4090", "--format", "json", "--set", "preprocess.max_pixels=1048576"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["vllm_args"]["mm_processor_kwargs"]["max_pixels"] == 1_048_576
+    refused = CliRunner().invoke(_cli(), ["plan", "--gpu", "RTX 4090", "--set", "vllm.max_model_len=500000"])
+    assert refused.exit_code == 2 and "above the 131,072 positions" in " ".join(refused.stderr.split())
+    alone = CliRunner().invoke(_cli(), ["plan", "--profile", "", "--set", "vllm.max_num_seqs=4"])
+    assert alone.exit_code == 2 and "name the profile" in alone.stderr
+
+
+@pytest.mark.parametrize("memory", ["inf", "1e9"])
+def test_gpu_memory_must_be_a_finite_size(memory):
+    result = CliRunner().invoke(_cli(), ["plan", "--gpu-memory", memory])
+    assert result.exit_code == 2
+    assert "GPU memory must be a finite number of GiB from 1 to 1024" in result.stderr
+
+
 def test_renderers():
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
     assert shlex.split(render_argv(plan)) == plan.argv()

@@ -9,13 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from ocrserve.cli.common import Overrides, err_console
 from ocrserve.cli.plan_render import RENDERERS
 from ocrserve.config import ConfigError, load_config
 from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, ModelError, get_model, list_models
-
-err_console = Console(stderr=True)
 
 
 class Format(str, Enum):
@@ -32,20 +31,23 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _profile_settings(profile: str, model: str | None) -> dict:
-    """Model, pixel budget and ``vllm`` section of a profile; empty for ``--profile ''``.
+def _profile_settings(profile: str, model: str | None, overrides: list[str]) -> dict:
+    """Model, pixel budget and ``vllm`` section of a profile with ``--set`` ``overrides`` applied;
+    empty for ``--profile ''``.
 
     Only profiles of the ``vllm`` engine are used (the CPU profiles' models and pixel budgets belong
     to other engines). A profile's pixel budget and factor belong to its model, so they are left
     out when ``model`` names another. The ``vllm`` section's keys are vLLM engine arguments.
 
     Raises:
-        typer.Exit: the profile does not exist or is invalid (2).
+        typer.Exit: the profile does not exist or is invalid, or ``--set`` without a profile (2).
     """
     if not profile:
+        if overrides:
+            raise _fail("--set changes a profile's keys; name the profile (--profile prod)")
         return {}
     try:
-        config = load_config(profile, environ={})
+        config = load_config(profile, overrides, environ={})
     except ConfigError as exc:
         raise _fail(f"{exc} (plan without a profile: --profile '')") from None
     if config.engine.kind != "vllm":
@@ -95,6 +97,7 @@ def plan(
     fmt: Annotated[
         Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")
     ] = Format.table,
+    set_: Overrides = None,
 ) -> None:
     """Plan `vllm serve` flags for an OCR model on a GPU, showing how each number is derived.
 
@@ -113,8 +116,10 @@ def plan(
         ocrserve plan --gpu-memory 24 --gpus 2 --format argv
 
         ocrserve plan --model ./checkpoints/my-qwen2.5-vl --gpu auto
+
+        ocrserve plan --gpu "H100 80G" --set vllm.max_model_len=32768 --set preprocess.max_pixels=2000000
     """
-    settings = _profile_settings(profile, model)
+    settings = _profile_settings(profile, model, list(set_ or []))
     vllm_settings = dict(settings.get("vllm") or {})
     try:
         spec = get_model(model or settings.get("model") or DEFAULT_MODEL)

@@ -625,7 +625,7 @@ def plan_serving(
         *parallel_steps,
     ]
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
-    _apply_overrides(args, overrides or {}, mem, budget, warnings)
+    _apply_overrides(args, overrides or {}, model, mem, budget, kv_tokens, warnings)
     return Plan(model, gpu, gpus, strategy, args, model.vllm_flags, steps, warnings)
 
 
@@ -690,17 +690,45 @@ def _vllm_args(
 
 
 def _apply_overrides(
-    args: dict[str, object], overrides: Mapping[str, object], mem: _Memory, budget: _Budget, warnings: list[str]
+    args: dict[str, object],
+    overrides: Mapping[str, object],
+    model: ModelSpec,
+    mem: _Memory,
+    budget: _Budget,
+    kv_tokens: int,
+    warnings: list[str],
 ) -> None:
+    """Put the operator's engine arguments into ``args``, refusing what vLLM would refuse or one
+    page cannot live with: below one page's tokens, or a ``max_model_len`` above the model's
+    positions or the KV cache (vLLM fails its start-up then: ``check_enough_kv_cache_memory`` in
+    ``vllm/v1/core/kv_cache_utils.py``)."""
     floors = {"max_num_batched_tokens": budget.visual + budget.prompt, "max_model_len": budget.page_tokens}
     for key, value in overrides.items():
         if value in ("auto", None) or key in ("gpu_memory_utilization", "max_num_seqs"):
             continue
         if key in floors and int(value) < floors[key]:
             raise PlanError(f"vllm.{key}={value} is below the {floors[key]} tokens one page needs")
+        if key == "max_model_len":
+            _check_model_len(int(value), model, kv_tokens)
         if key == "max_num_batched_tokens" and int(value) > mem.batched_tokens:
             warnings.append(
                 f"max_num_batched_tokens={value} raises the activation peak above the planned "
                 f"{mem.batched_tokens}; KV estimates may be optimistic"
             )
         args[key] = value
+
+
+def _check_model_len(value: int, model: ModelSpec, kv_tokens: int) -> None:
+    """Refuse a ``max_model_len`` above the model's positions or the planned KV cache, naming
+    what fits."""
+    fits = min(model.max_position_embeddings, kv_tokens)
+    if value > model.max_position_embeddings:
+        raise PlanError(
+            f"vllm.max_model_len={value:,} is above the {model.max_position_embeddings:,} positions {model.id} "
+            f"supports; at most {fits:,} fits"
+        )
+    if value > kv_tokens:
+        raise PlanError(
+            f"vllm.max_model_len={value:,} does not fit: the KV cache holds {kv_tokens:,} tokens at the planned "
+            f"--max-num-seqs, and vLLM refuses to start with one sequence longer than its cache; at most {fits:,}"
+        )

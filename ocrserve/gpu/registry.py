@@ -18,6 +18,7 @@ so the module loads on machines without it) and falls back to
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 MIB = 1024**2
 GIB = 1024**3
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # vllm/platforms/cuda.py check_if_supports_dtype
+MAX_GPU_MEMORY_GIB = 1024
+"""Largest memory per GPU ``--gpu-memory`` accepts, GiB: above any card sold (B300: 288 GB), below
+what would make the arithmetic meaningless."""
 
 
 @dataclass(frozen=True)
@@ -374,8 +378,11 @@ def resolve_gpu(gpu: str, gpu_memory: float | None) -> tuple[GpuSpec, int]:
         gpu_memory: GiB per GPU overriding the registry's (with ``auto``: skip detection).
 
     Raises:
-        GpuError: unknown name, or ``auto`` with no GPU found.
+        GpuError: unknown name, ``auto`` with no GPU found, or a ``gpu_memory`` that is not a
+            finite number of GiB in ``[1, MAX_GPU_MEMORY_GIB]``.
     """
+    if gpu_memory is not None and not (math.isfinite(gpu_memory) and 1 <= gpu_memory <= MAX_GPU_MEMORY_GIB):
+        raise GpuError(f"GPU memory must be a finite number of GiB from 1 to {MAX_GPU_MEMORY_GIB}, got {gpu_memory}")
     count = 1
     if gpu.lower() == "auto" and gpu_memory is None:
         found = detect()

@@ -61,8 +61,8 @@ def test_every_number_cites_a_source(spec):
     assert NUMERIC_FIELDS  # parameters, num_layers, num_kv_heads, head_dim, ..., min/max_pixels
     defaults = {f.name: f.default for f in fields(spec)}
     for name in NUMERIC_FIELDS + ["dtype", "token_formula", "prompts", "sampling", "vllm_flags", "min_vllm"]:
-        if name in ("row_tokens", "image_tokens") and getattr(spec, name) == defaults[name]:
-            continue  # formula parameters an entry leaves at 0 are not in its file
+        if name in ("row_tokens", "image_tokens", "weight_bytes") and getattr(spec, name) == defaults[name]:
+            continue  # formula parameters an entry leaves at 0 are not in its file; weight_bytes 0 = computed
         assert spec.sources.get(name, "").strip(), f"{spec.id}: {name} has no source"
 
 
@@ -175,6 +175,7 @@ def test_local_checkpoint_from_config_json(tmp_path):
     spec = get_model(str(tmp_path))
     assert spec.id == str(tmp_path)
     assert spec.parameters == 7_000_000_000 // 2 == 3_500_000_000  # total_size bytes / 2 (bf16)
+    assert spec.weight_bytes == spec.weights_bytes == 7_000_000_000 and spec.quantization == ""
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (28, 2, 1536 // 12)
     assert spec.kv_bytes_per_token() == 2 * 28 * 2 * 128 * 2 == 28_672
     assert (spec.min_pixels, spec.max_pixels, spec.factor) == (3136, 1_003_520, 28)
@@ -210,10 +211,12 @@ def test_local_checkpoint_nested_text_config_without_weights(tmp_path):
 
 
 def test_local_checkpoint_unsupported_architecture(tmp_path):
-    _write(tmp_path, "config.json", {"model_type": "llama", "hidden_size": 8})
+    _write(tmp_path, "config.json", {"model_type": "qwen3_moe", "hidden_size": 8})
     with pytest.raises(ModelError) as err:
         get_model(str(tmp_path))
-    assert "llama" in str(err.value) and "qwen2_5_vl" in str(err.value)
+    # checked before any size: the message is about the model_type, listing VLMs and plain decoders
+    assert "'qwen3_moe' is not supported" in str(err.value)
+    assert "qwen2_5_vl" in str(err.value) and "llama" in str(err.value)
 
 
 def test_local_checkpoint_missing_field(tmp_path):

@@ -18,16 +18,20 @@ its source (model card, ``config.json``, ``preprocessor_config.json``, vLLM sour
 number is an estimate the source says so and explains it), validated on import by
 :mod:`ocrserve.models.schema`; the citations end up in :attr:`ModelSpec.sources`. A local checkpoint
 folder (one with ``config.json``) becomes a spec through :func:`from_local`, which reads the numbers
-from its own files and takes the recipe from the registry entry of the same architecture.
+from its own files (validated by :mod:`ocrserve.models.checkpoint`) and takes the recipe from the
+registry entry of the same architecture; a plain Llama/Mistral/Qwen2/Qwen3 decoder plans as a
+text-only model (:data:`TEXT`).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from ocrserve.models import checkpoint
 from ocrserve.models.schema import Registry, RegistryError, load_registry
-from ocrserve.models.spec import CHAT_TEMPLATE_TOKENS, DTYPE_BYTES, GRID, TASKS, TILES, ModelError, ModelSpec
+from ocrserve.models.spec import CHAT_TEMPLATE_TOKENS, DTYPE_BYTES, GRID, TASKS, TEXT, TILES, ModelError, ModelSpec
 
 __all__ = [
     "BY_ARCHITECTURE",
@@ -37,6 +41,7 @@ __all__ = [
     "GRID",
     "REGISTRY",
     "TASKS",
+    "TEXT",
     "TILES",
     "ModelError",
     "ModelSpec",
@@ -92,134 +97,200 @@ def get_model(name: str) -> ModelSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def _text_config(config: dict) -> dict:
-    for key in ("text_config", "language_config", "llm_config"):
-        if isinstance(config.get(key), dict):
-            return {**config, **config[key]}
-    return config
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: cannot read JSON: {exc}") from exc
-
-
-def _parameters_from_files(folder: Path, dtype_bytes: int) -> tuple[int, str] | None:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        total = _read_json(index).get("metadata", {}).get("total_size")
-        if total:
-            return int(total) // dtype_bytes, f"{index} metadata.total_size={total} bytes / {dtype_bytes}"
-    shards = sorted(folder.glob("*.safetensors"))
-    if shards:
-        size = sum(s.stat().st_size for s in shards)
-        return size // dtype_bytes, f"{len(shards)} safetensors file(s) in {folder}, {size} bytes / {dtype_bytes}"
-    return None
-
-
-def estimate_parameters(text: dict, vision: dict) -> int:
-    """Parameters implied by a config: embeddings + decoder layers + vision blocks.
-
-    Decoder layer: ``q,o = hidden x heads*head_dim`` each, ``k,v = hidden x kv_heads*head_dim`` each,
-    gated MLP ``3 x hidden x intermediate``. Embeddings count twice unless tied. Vision block:
-    ``4 x hidden^2`` attention + ``2 x hidden x intermediate`` MLP. Norms and biases are ignored
-    (<0.1%).
-    """
-    h, inter = text["hidden_size"], text.get("intermediate_size", 4 * text["hidden_size"])
-    heads = text["num_attention_heads"]
-    hd = text.get("head_dim") or h // heads
-    kvh = text.get("num_key_value_heads") or heads
-    layer = 2 * h * heads * hd + 2 * h * kvh * hd + 3 * h * inter
-    embed = text["vocab_size"] * h * (1 if text.get("tie_word_embeddings", False) else 2)
-    vh = vision.get("hidden_size") or vision.get("embed_dim") or 0
-    vi = vision.get("intermediate_size") or 4 * vh
-    vision_params = (vision.get("depth") or vision.get("num_hidden_layers") or 0) * (4 * vh * vh + 2 * vh * vi)
-    return embed + text["num_hidden_layers"] * layer + vision_params
-
-
-def _pixel_bounds(folder: Path, template: ModelSpec) -> tuple[int | None, int | None, str]:
-    pre = folder / "preprocessor_config.json"
-    if template.token_formula == TILES or not pre.is_file():
-        return template.min_pixels, template.max_pixels, f"{template.id} defaults ({pre.name} absent)"
-    data = _read_json(pre)
-    size = data.get("size") if isinstance(data.get("size"), dict) else {}
-    lo = data.get("min_pixels") or size.get("shortest_edge") or template.min_pixels
-    hi = data.get("max_pixels") or size.get("longest_edge") or template.max_pixels
-    return lo, hi, str(pre)
-
-
-def from_local(folder: str | Path) -> ModelSpec:
-    """Build a spec from a local checkpoint folder's ``config.json`` (and its weight files).
-
-    Numbers come from the folder: decoder sizes from ``config.json`` (flat or under
-    ``text_config``/``language_config``), vision sizes from ``vision_config``, the pixel bounds from
-    ``preprocessor_config.json``, the parameter count from ``model.safetensors.index.json``
-    (``metadata.total_size`` / dtype bytes), the safetensors file sizes, or failing both
-    :func:`estimate_parameters`. Prompts, sampling and flags come from the registry entry of the
-    same ``model_type``.
+def estimate_parameters(text: Mapping[str, Any], vision: Mapping[str, Any] | None = None) -> int:
+    """Parameters implied by a config's decoder section ``text`` and ``vision_config`` ``vision``:
+    embeddings + decoder layers + vision blocks (:func:`ocrserve.models.checkpoint.estimate_parameters`).
 
     Raises:
-        ModelError: no ``config.json``, an unsupported ``model_type`` or missing size fields.
+        ModelError: a missing or invalid size field (the message names it).
     """
-    folder = Path(folder).expanduser()
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise ModelError(f"{folder}: no config.json")
-    config = _read_json(config_path)
-    kind = config.get("model_type", "")
-    template = BY_ARCHITECTURE.get(kind)
-    if template is None:
-        raise ModelError(
-            f"{config_path}: model_type {kind!r} is not supported; supported: {', '.join(sorted(BY_ARCHITECTURE))}"
-        )
-    text, vision = _text_config(config), config.get("vision_config") or {}
-    try:
-        heads = text["num_attention_heads"]
-        hidden = text["hidden_size"]
-        fields = {
-            "num_layers": text["num_hidden_layers"],
-            "num_attention_heads": heads,
-            "num_kv_heads": text.get("num_key_value_heads") or heads,
-            "head_dim": text.get("head_dim") or hidden // heads,
-            "hidden_size": hidden,
-            "intermediate_size": text.get("intermediate_size", template.intermediate_size),
-            "vocab_size": text["vocab_size"],
-            "max_position_embeddings": text.get("max_position_embeddings", template.max_position_embeddings),
-        }
-    except KeyError as exc:
-        raise ModelError(f"{config_path}: missing {exc.args[0]!r}") from None
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or template.dtype)
-    dtype = dtype if dtype in DTYPE_BYTES else template.dtype
-    found = _parameters_from_files(folder, DTYPE_BYTES[dtype])
-    if found is None:
-        found = (
-            estimate_parameters(text, vision),
-            f"estimated from {config_path} (embeddings + layers + vision blocks; no weight files)",
-        )
-    lo, hi, pixel_source = _pixel_bounds(folder, template)
-    cfg_src = f"{config_path}"
+    return checkpoint.estimate_parameters(
+        checkpoint.as_config(text, checkpoint.TextConfig, "text config"),
+        checkpoint.as_config(vision or {}, checkpoint.VisionConfig, "vision config"),
+    )
+
+
+def _weights(ckpt: checkpoint.Checkpoint, dtype: str) -> tuple[int, int, str, str]:
+    """``(parameters, weight_bytes, parameters source, weight_bytes source)`` of a local folder.
+
+    Unquantized: the stored bytes (index ``total_size`` or the safetensors files) are the weights
+    and ``/ dtype bytes`` the parameters; without files, :func:`checkpoint.estimate_parameters`
+    (``weight_bytes`` 0: ``parameters x dtype bytes``). Quantized: ``parameters`` is always the
+    unquantized estimate from ``config.json``; the weights are the stored bytes (packed as vLLM loads
+    them) or, without files, :func:`checkpoint.weight_bytes` at the method's packing.
+    """
+    size, cfg, quant, stored = DTYPE_BYTES[dtype], ckpt.config_path, ckpt.quantization, ckpt.stored
+    if quant is None and stored is not None:
+        return stored.bytes // size, stored.bytes, f"{stored.source} / {size} ({dtype})", stored.source
+    estimate = checkpoint.estimate_parameters(ckpt.text, ckpt.vision)
+    if quant is None:
+        counted = f"estimated from {cfg} (embeddings + layers + vision blocks; no weight files)"
+        return estimate, 0, counted, f"parameters x {size} B ({dtype}); no weight files"
+    counted = f"estimated from {cfg} (unquantized count: embeddings + layers + vision blocks)"
+    if stored is not None:
+        return estimate, stored.bytes, counted, f"{stored.source} ({quant.describe()}, as stored)"
+    where = (
+        f"estimated from {cfg} {ckpt.key('quantization_config')}: {quant.describe()} decoder linears "
+        f"(vLLM's packed tensors), embeddings/lm_head/vision in {dtype}; no weight files"
+    )
+    return estimate, checkpoint.weight_bytes(ckpt.text, ckpt.vision, size, quant), counted, where
+
+
+def _spec_weights(ckpt: checkpoint.Checkpoint, dtype: str, dtype_source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The weight fields of a local spec (``parameters``, ``weight_bytes``, ``quantization``,
+    ``dtype``) and their ``sources`` entries."""
+    parameters, weights, parameters_source, weights_source = _weights(ckpt, dtype)
+    quant = ckpt.quantization.quant_method if ckpt.quantization else ""
+    quant_source = f"{ckpt.config_path} {ckpt.key('quantization_config')}.quant_method"
+    fields = {"parameters": parameters, "weight_bytes": weights, "quantization": quant, "dtype": dtype}
+    return fields, {
+        "parameters": parameters_source,
+        "weight_bytes": weights_source,
+        "dtype": dtype_source,
+        "quantization": quant_source if quant else f"{ckpt.config_path}: no quantization_config",
+    }
+
+
+def _dtype(ckpt: checkpoint.Checkpoint, default: str, default_from: str) -> tuple[str, str]:
+    """The checkpoint's dtype and its source; ``default`` (``default_from``'s) where config.json has none."""
+    if ckpt.dtype is not None:
+        return ckpt.dtype, f"{ckpt.config_path} {ckpt.dtype_key}"
+    return default, f"{ckpt.config_path} has no torch_dtype/dtype; {default_from} default"
+
+
+def _pixel_bounds(ckpt: checkpoint.Checkpoint, template: ModelSpec) -> tuple[int | None, int | None, str]:
+    """``min_pixels``, ``max_pixels`` and their source: the folder's preprocessor config, the
+    template's where it gives none or the template tiles pages itself.
+
+    Raises:
+        ModelError: the combined bounds cross (``min_pixels`` above ``max_pixels``).
+    """
+    pre = ckpt.pixels
+    if template.token_formula == TILES or pre is None:
+        why = "the processor tiles pages" if template.token_formula == TILES else f"{checkpoint.PREPROCESSOR} absent"
+        return template.min_pixels, template.max_pixels, f"{template.id} defaults ({why})"
+    lo, hi = pre.min_pixels or template.min_pixels, pre.max_pixels or template.max_pixels
+    if lo is not None and hi is not None and lo > hi:
+        raise ModelError(f"{pre.source}: min_pixels {lo} exceeds max_pixels {hi} (missing bounds: {template.id}'s)")
+    return lo, hi, pre.source
+
+
+def _vision_spec(ckpt: checkpoint.Checkpoint, template: ModelSpec) -> ModelSpec:
+    """A VLM folder: numbers from its files, the recipe of the registry entry of its ``model_type``."""
+    text, vision, cfg = ckpt.text, ckpt.vision, str(ckpt.config_path)
+    fields = checkpoint.text_fields(text, template.max_position_embeddings)
+    if text.intermediate_size is None:
+        fields["intermediate_size"] = template.intermediate_size
+    weights, weight_sources = _spec_weights(ckpt, *_dtype(ckpt, template.dtype, template.id))
+    lo, hi, pixel_source = _pixel_bounds(ckpt, template)
+    vision_fields = {
+        "vision_hidden_size": vision.width or template.vision_hidden_size,
+        "vision_intermediate_size": vision.intermediate_size or template.vision_intermediate_size,
+        "patch_size": vision.patch_size or template.patch_size,
+        "merge_size": vision.spatial_merge_size or template.merge_size,
+    }
     return template.with_overrides(
-        id=str(folder),
-        parameters=int(found[0]),
-        dtype=dtype,
-        vision_hidden_size=vision.get("hidden_size") or vision.get("embed_dim") or template.vision_hidden_size,
-        vision_intermediate_size=vision.get("intermediate_size") or template.vision_intermediate_size,
-        patch_size=vision.get("patch_size", template.patch_size),
-        merge_size=vision.get("spatial_merge_size", template.merge_size),
+        id=str(ckpt.folder),
         min_pixels=lo,
         max_pixels=hi,
         sources={
             **template.sources,
-            **dict.fromkeys(
-                list(fields) + ["dtype", "vision_hidden_size", "vision_intermediate_size", "patch_size", "merge_size"],
-                cfg_src,
-            ),
-            "parameters": found[1],
+            **dict.fromkeys([*fields, *vision_fields], cfg),
+            **weight_sources,
             "min_pixels": pixel_source,
             "max_pixels": pixel_source,
         },
-        notes=f"local checkpoint ({kind}); recipe from {template.id}",
+        notes=f"local checkpoint ({ckpt.model_type}); recipe from {template.id}",
         **fields,
+        **vision_fields,
+        **weights,
     )
+
+
+TEXT_RECIPE_KEYS = (
+    "prompts",
+    "sampling",
+    "retry_sampling",
+    "prompt_prefix",
+    "system_prompt",
+    "image_first",
+    "min_vllm",
+)
+"""Fields (and sources) a text-only local spec takes from the :data:`DEFAULT_MODEL` entry."""
+TEXT_VLLM_FLAGS = ("--no-enable-prefix-caching",)
+"""``vllm serve`` flags of a text-only local spec: the registry's single-use-page flag, without the
+multimodal ones (``--mm-processor-cache-gb``)."""
+
+
+def _text_spec(ckpt: checkpoint.Checkpoint) -> ModelSpec:
+    """A plain decoder folder (:data:`ocrserve.models.checkpoint.TEXT_DECODERS`) as a text-only spec:
+    no visual tokens, vision sizes 0, the :data:`DEFAULT_MODEL` recipe (its prompts and sampling,
+    ``max_tokens`` included), so the planner's memory terms can be checked against its start-up."""
+    template, cfg = REGISTRY[DEFAULT_MODEL], str(ckpt.config_path)
+    fields = checkpoint.text_fields(ckpt.text, template.max_position_embeddings)
+    weights, weight_sources = _spec_weights(ckpt, *_dtype(ckpt, "bfloat16", "vLLM's half-precision"))
+    none = "text-only: no vision encoder"
+    notes = [
+        f"local checkpoint ({ckpt.model_type}), planned as text-only: it has no vision encoder and cannot OCR "
+        f"page images; prompts and sampling from {template.id}"
+    ]
+    if ckpt.text.window:
+        notes.append(
+            f"{ckpt.key('sliding_window')} {ckpt.text.window} tokens: attention looks back that far; not "
+            "modelled, the KV cache is planned for full attention"
+        )
+    if ckpt.text.max_position_embeddings is None:
+        notes.append(f"no max_position_embeddings: {template.id}'s {template.max_position_embeddings} assumed")
+    return template.with_overrides(
+        id=str(ckpt.folder),
+        architecture=ckpt.model_type,
+        **fields,
+        **weights,
+        vision_hidden_size=0,
+        vision_intermediate_size=0,
+        patch_size=1,
+        merge_size=1,
+        min_pixels=None,
+        max_pixels=None,
+        token_formula=TEXT,
+        tiles={},
+        row_tokens=0,
+        image_tokens=0,
+        profile_image=None,
+        postprocess="",
+        vllm_flags=TEXT_VLLM_FLAGS,
+        sources={
+            **{k: f"{template.id}: {v}" for k, v in template.sources.items() if k in TEXT_RECIPE_KEYS},
+            **dict.fromkeys(fields, cfg),
+            **weight_sources,
+            **dict.fromkeys(["vision_hidden_size", "vision_intermediate_size", "patch_size", "merge_size"], none),
+            "min_pixels": "text-only: no image input",
+            "max_pixels": "text-only: no image input",
+            "token_formula": f"text-only: {cfg} model_type {ckpt.model_type!r} has no vision encoder (0 visual tokens)",
+            "vllm_flags": "ocrserve: prefix caching off as in every registry recipe (single-use pages); "
+            "no multimodal flags",
+        },
+        notes="; ".join(notes),
+    )
+
+
+def from_local(folder: str | Path) -> ModelSpec:
+    """Build a spec from a local checkpoint folder (:func:`ocrserve.models.checkpoint.read_checkpoint`).
+
+    Numbers come from the folder: decoder sizes from ``config.json`` (flat or under
+    ``text_config``/``language_config``/``llm_config``), vision sizes from ``vision_config``, the pixel
+    bounds from ``preprocessor_config.json``, the weights from ``model.safetensors.index.json``
+    (``metadata.total_size``), the safetensors file sizes or failing both an estimate from the config
+    (at the ``quantization_config`` packing where there is one); the parameters from the stored bytes /
+    dtype bytes when unquantized, else from the config. A VLM takes prompts, sampling and flags from
+    the registry entry of the same ``model_type``; a plain decoder (``llama``, ``mistral``, ``qwen2``,
+    ``qwen3``) becomes a text-only spec (:data:`TEXT`) with the :data:`DEFAULT_MODEL` recipe.
+
+    Raises:
+        ModelError: no ``config.json``, an unsupported ``model_type``, or any missing or invalid field
+            of the folder's files (the message names the file and the key path).
+    """
+    supported = {*BY_ARCHITECTURE, *checkpoint.TEXT_DECODERS}
+    ckpt = checkpoint.read_checkpoint(folder, supported)
+    template = BY_ARCHITECTURE.get(ckpt.model_type)
+    return _text_spec(ckpt) if template is None else _vision_spec(ckpt, template)

@@ -26,6 +26,9 @@ GRID = "grid"
 :attr:`ModelSpec.row_tokens` per row and :attr:`ModelSpec.image_tokens` per image)."""
 TILES = "tiles"
 """Token formula of DeepSeek-OCR's Gundam tiling (a global view plus local tiles)."""
+TEXT = "text"
+"""Token formula of a text-only decoder (a local Llama/Qwen2/Qwen3/Mistral checkpoint): no image
+input, zero visual tokens; planned so the planner's memory terms can be checked against more logs."""
 TASKS = ("text", "markdown", "table")
 """The OCR tasks every recipe has a prompt for."""
 
@@ -39,7 +42,8 @@ class ModelSpec:
     """One OCR model as the planner and the vLLM engine see it.
 
     Sizes are per model (not per GPU). ``min_pixels``/``max_pixels`` are ``None`` for models whose
-    processor tiles pages itself (DeepSeek-OCR); their pixel budget is not a vLLM knob.
+    processor tiles pages itself (DeepSeek-OCR), whose pixel budget is not a vLLM knob, and for
+    text-only decoders (:data:`TEXT`).
 
     Attributes:
         id: Hugging Face id (or the local folder path).
@@ -60,8 +64,9 @@ class ModelSpec:
         merge_size: patches merged per side into one visual token.
         min_pixels: the processor's lower pixel bound, px per page (``None`` for tiling models).
         max_pixels: the processor's upper pixel bound, px per page (``None`` for tiling models).
-        token_formula: :data:`GRID` (``(h/f) * (w/f + row_tokens) + image_tokens``) or
-            :data:`TILES` (DeepSeek-OCR Gundam tiling, sized by :attr:`tiles`).
+        token_formula: :data:`GRID` (``(h/f) * (w/f + row_tokens) + image_tokens``),
+            :data:`TILES` (DeepSeek-OCR Gundam tiling, sized by :attr:`tiles`) or :data:`TEXT`
+            (a text-only decoder: no visual tokens, vision sizes 0, patch and merge 1).
         prompts: instruction per task: ``text`` (plain text), ``markdown``, ``table``.
         sampling: OpenAI chat-completions parameters (vLLM spelling; ``max_tokens`` always set).
         retry_sampling: what the one retry of a page cut by ``max_tokens`` changes in
@@ -80,6 +85,11 @@ class ModelSpec:
         image_tokens: for :data:`GRID`: extra tokens per image (HunyuanOCR: 2, begin/end).
         profile_image: ``(height, width)`` px of the image vLLM profiles the encoder with at
             start-up, where it matters for the largest page (HunyuanOCR: 8192 x 512); else ``None``.
+        quantization: the checkpoint's ``quantization_config.quant_method``, lower-case (``awq``,
+            ``gptq``, ``fp8``, ``bitsandbytes``); ``""`` for an unquantized checkpoint.
+        weight_bytes: bytes of weights vLLM loads, where known better than ``parameters x
+            dtype_bytes`` (a local folder's safetensors index or files, or the quantized estimate of
+            :func:`ocrserve.models.checkpoint.weight_bytes`); ``0`` = compute (:attr:`weights_bytes`).
     """
 
     id: str
@@ -116,6 +126,8 @@ class ModelSpec:
     image_tokens: int = 0
     profile_image: tuple[int, int] | None = None
     retry_sampling: Mapping[str, object] = field(default_factory=dict)
+    quantization: str = ""
+    weight_bytes: int = 0
 
     @property
     def factor(self) -> int:
@@ -128,14 +140,22 @@ class ModelSpec:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def weights_bytes(self) -> int:
+        """Bytes of weights vLLM loads (whole model, before any tensor/pipeline split):
+        :attr:`weight_bytes` where set (on-disk size or quantized estimate), else
+        ``parameters x dtype_bytes`` (an unquantized checkpoint in :attr:`dtype`)."""
+        return self.weight_bytes or self.parameters * self.dtype_bytes
+
+    @property
     def max_tokens(self) -> int:
         """The output-token budget per page the recipe sets."""
         return int(self.sampling["max_tokens"])
 
     @property
     def supports_pixel_budget(self) -> bool:
-        """Whether vLLM takes ``min_pixels``/``max_pixels`` through ``--mm-processor-kwargs``."""
-        return self.token_formula != TILES
+        """Whether vLLM takes ``min_pixels``/``max_pixels`` through ``--mm-processor-kwargs``
+        (:data:`GRID` models only; not tiling or text-only ones)."""
+        return self.token_formula == GRID
 
     def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:
         """KV-cache bytes one token occupies: ``2 * layers * kv_heads * head_dim * dtype_bytes``.
@@ -166,8 +186,10 @@ class ModelSpec:
 
         :data:`GRID`: :func:`ocrserve.preprocess.geometry.visual_tokens` with this model's factor,
         :attr:`row_tokens` and :attr:`image_tokens`. :data:`TILES`:
-        :func:`ocrserve.preprocess.geometry.tile_tokens` with :attr:`tiles`.
+        :func:`ocrserve.preprocess.geometry.tile_tokens` with :attr:`tiles`. :data:`TEXT`: 0.
         """
+        if self.token_formula == TEXT:
+            return 0
         if self.token_formula == TILES:
             return geometry.tile_tokens(height, width, **self.tiles)
         return geometry.visual_tokens(
@@ -180,7 +202,10 @@ class ModelSpec:
         :data:`GRID`: :func:`ocrserve.preprocess.geometry.max_visual_tokens` (``max_pixels // f**2``
         without per-row tokens; HunyuanOCR: the larger of a square page at ``max_pixels`` and vLLM's
         512 x 8192 px profiling image). :data:`TILES`: the worst tiling, 1 x 6 tiles (933 tokens).
+        :data:`TEXT`: 0 (no image input).
         """
+        if self.token_formula == TEXT:
+            return 0
         if self.token_formula == TILES:
             t = self.tiles
             return geometry.max_tile_tokens(

@@ -50,11 +50,11 @@ def test_unknown_gpu_names_the_known_ones():
 
 def test_memory_and_bf16():
     card = lookup("RTX 4090D")
-    assert card.memory_bytes == 24 * 1024**3 == 25_769_803_776
+    assert card.memory_mib == int(23.64 * 1024) < 24 * 1024  # CUDA's total, below the nominal 24 GiB
     assert card.bf16 and card.bandwidth_bytes_per_s == 1008e9
     assert not lookup("T4").bf16 and not lookup("RTX 2080 Ti").bf16  # Turing: compute capability 7.5
     assert lookup("A100 80G").bf16 and lookup("H200").bf16
-    assert lookup("H200").memory_mib == 143771  # nvidia-smi total on an H200
+    assert lookup("H200").memory_mib == 143156  # torch's total_memory on an H200 (nvidia-smi: 143771)
 
 
 def test_every_entry_cites_a_source():
@@ -106,8 +106,8 @@ def test_detect_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
     )
     found = detect()
     assert (found.name, found.memory_mib, found.count, found.via) == ("NVIDIA H200", 143771, 2, "nvidia-smi")
-    spec = found.as_spec()
-    assert spec.name == "H200 141G" and spec.memory_mib == 143771 and spec.bf16
+    spec = found.as_spec()  # nvidia-smi's total is above CUDA's: the registry's CUDA total is planned with
+    assert spec.name == "H200 141G" and spec.memory_mib == 143156 and spec.bf16
 
 
 def test_detect_unknown_card_keeps_its_memory(tmp_path, monkeypatch):

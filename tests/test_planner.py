@@ -1,9 +1,10 @@
 """Planner: three model x GPU cases computed by hand, misfits, multi-GPU, renderers, the CLI, and
 (where vLLM is importable) the planned argv through vLLM's own argument parser.
 
-The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/gpu/planner.py``:
-reserves CUDA graphs 0.5 GiB = 536,870,912 B and CUDA context 0.75 GiB = 805,306,368 B; activations
-2 B per value; sampler 8 B per vocabulary entry per sequence; KV blocks of 16 tokens;
+The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/gpu/planner.py``,
+and plans for vLLM 0.33 (which charges its CUDA-graph estimate to the KV cache): reserves non-torch
+0.3 GiB = 322,122,547 B and CUDA graphs 0.5 GiB = 536,870,912 B; GPU totals as CUDA reports them;
+activations 2 B per value; sampler 8 B per vocabulary entry per sequence; KV blocks of 16 tokens;
 ``max_num_batched_tokens`` >= 8192.
 """
 
@@ -27,7 +28,6 @@ from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.models import get_model
 
 GIB = 1024**3
-RESERVES = 536_870_912 + 805_306_368  # CUDA graphs + CUDA context
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -36,91 +36,98 @@ def _flag(argv: list[str], name: str) -> str:
 
 def test_hunyuan_on_rtx_4090d_with_a_2048_squared_budget():
     plan = plan_serving(
-        get_model("tencent/HunyuanOCR"), lookup("RTX 4090D"), min_pixels=512 * 512, max_pixels=2048 * 2048, factor=32
+        get_model("tencent/HunyuanOCR"),
+        lookup("RTX 4090D"),
+        min_pixels=512 * 512,
+        max_pixels=2048 * 2048,
+        factor=32,
+        vllm_version="0.33.0",
     )
+    assert plan.vllm_version == "0.33.0" and plan.value("vllm_version") == "0.33.0"
     # visual: a square 2048x2048 page -> 64*(64+1)+2 = 4162; vLLM's 512x8192 profile image (area
     #   4,194,304, not resized) -> 256*(16+1)+2 = 4354; the larger: 4354
     # prompt: doc_parse prompt 209 bytes -> ceil(209/2) + 32 = 137
     # page:   4354 + 137 + 16384 (max_tokens) = 20875 tokens
     assert plan.value("visual_tokens") == 4354
     assert plan.value("page_tokens") == 20875
-    # usable: 24 GiB * 0.9 = 25,769,803,776 * 0.9 = 23,192,823,398
-    assert plan.value("usable_bytes") == 23_192_823_398
+    # usable: CUDA's 23.64 GiB = 24,207 MiB = 25,382,879,232 B x 0.9 = 22,844,591,308
+    assert plan.value("usable_bytes") == 22_844_591_308
     # weights: 996,208,112 params * 2 B = 1,992,416,224
     assert plan.value("weights_bytes") == 1_992_416_224
     # batched tokens: max(8192, 4354+137=4491 rounded up to 256 = 4608) = 8192
     # decoder activation: 8192 * (4*1024 + 3*3584) * 2 = 8192 * 14848 * 2 = 243,269,632
     assert plan.value("lm_activation_bytes") == 243_269_632
-    # encoder activation: 4354 tokens * 2^2 patches * (4*1152 + 3*4304) * 2 = 17416 * 17520 * 2 = 610,256,640
+    # encoder: 8192 // 4354 = 1 page profiled; 4354 tokens * 2^2 patches * (4*1152 + 3*4304) * 2 = 610,256,640
     assert plan.value("encoder_activation_bytes") == 610_256_640
-    # encoder cache: max(8192, 4354) * 1024 * 2 = 16,777,216
-    # fixed: 1,992,416,224 + max(243,269,632, 610,256,640) + 16,777,216 + 1,342,177,280 = 3,961,627,360
-    # free:  23,192,823,398 - 3,961,627,360 = 19,231,196,038
-    # KV per token: 2 * 24 layers * 8 kv heads * 128 * 2 B = 98,304; sampler: 120,818 * 8 = 966,544
-    # per page: 20875 * 98,304 + 966,544 = 2,052,096,000 + 966,544 = 2,053,062,544
-    # pages: floor(19,231,196,038 / 2,053,062,544) = 9   (10 pages would need 20,530,625,440)
+    # profile peak: max(decoder, encoder, sampler 9 x 120,818 x 8 = 8,698,896) = 610,256,640
+    assert plan.value("activation_bytes") == 610_256_640
+    # reserves (vLLM 0.33): non-torch 0.3 GiB 322,122,547 + CUDA graphs 536,870,912 = 858,993,459
+    assert plan.value("reserve_bytes") == 858_993_459
+    # non-KV: 1,992,416,224 + 610,256,640 + 16,777,216 encoder cache + 858,993,459 = 3,478,443,539
+    # KV per token: 2 * 24 layers * 8 kv heads * 128 * 2 B = 98,304
+    # KV tokens: (22,844,591,308 - 3,478,443,539) // 98,304 = 197,002 -> whole 16-token blocks: 196,992
+    # pages: 9 x 20875 = 187,875 fit; 10 x 20875 = 208,750 do not
     assert plan.value("kv_bytes_per_token") == 98_304
     assert plan.value("seqs_by_memory") == 9
     assert plan.value("max_num_seqs") == 9
-    # KV tokens: (19,231,196,038 - 9 * 966,544) // 98,304 = 195,540 -> whole 16-token blocks: 195,536
-    assert plan.value("kv_tokens") == 195_536
+    assert plan.value("kv_tokens") == 196_992
     argv = plan.argv()
     assert argv[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
     assert _flag(argv, "--max-num-seqs") == "9"
     assert _flag(argv, "--max-num-batched-tokens") == "8192"
     assert _flag(argv, "--max-model-len") == "20875"
     assert _flag(argv, "--gpu-memory-utilization") == "0.9"
-    assert json.loads(_flag(argv, "--limit-mm-per-prompt")) == {"image": 1}
+    assert json.loads(_flag(argv, "--limit-mm-per-prompt")) == {"image": 1}  # HunyuanOCR takes no video
     assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 262144, "max_pixels": 4194304}
     assert _flag(argv, "--scheduling-policy") == "priority"
+    # vLLM 0.29+ bounds its own queue: the 9 pages the gateway keeps in flight, 9 x (4354 + 137) prefill tokens
+    assert (_flag(argv, "--max-num-queued-reqs"), _flag(argv, "--max-num-queued-tokens")) == ("9", "40419")
     assert argv[-3:] == ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
     assert "--dtype" not in argv  # the 4090D computes in bf16
 
 
 def test_olmocr2_on_a100_80g():
-    plan = plan_serving(get_model("allenai/olmOCR-2-7B-1025"), lookup("A100 80G"))
+    plan = plan_serving(get_model("allenai/olmOCR-2-7B-1025"), lookup("A100 80G"), vllm_version="0.33.0")
     # visual: max_pixels 1288^2 = 1,658,944 // 28^2 = 2116; prompt: 557 bytes -> 279 + 32 = 311
     # page: 2116 + 311 + 8000 = 10427
     assert (plan.value("visual_tokens"), plan.value("prompt_tokens"), plan.value("page_tokens")) == (2116, 311, 10427)
-    # usable: 80 GiB * 0.9 = 85,899,345,920 * 0.9 = 77,309,411,328
+    # usable: CUDA's 79.26 GiB = 81,162 MiB x 0.9 = 76,594,072,780
     # weights: 8,292,166,656 * 2 = 16,584,333,312
     # decoder activation: 8192 * (4*3584 + 3*18944) * 2 = 8192 * 71168 * 2 = 1,166,016,512
-    # encoder activation: 2116 * 4 * (4*1280 + 3*3420) * 2 = 8464 * 15380 * 2 = 260,352,640
-    # encoder cache: 8192 * 3584 * 2 = 58,720,256
-    # fixed: 16,584,333,312 + 1,166,016,512 + 58,720,256 + 1,342,177,280 = 19,151,247,360
-    # free: 77,309,411,328 - 19,151,247,360 = 58,158,163,968
-    # per page: 10427 * 57,344 + 152,064 * 8 = 597,925,888 + 1,216,512 = 599,142,400
-    # pages: floor(58,158,163,968 / 599,142,400) = 97   (97 pages: 58,116,812,800)
+    # encoder: 8192 // 2116 = 3 pages profiled at once: 3 * 2116 * 4 * (4*1280 + 3*3420) * 2 = 781,057,920
+    # non-KV: 16,584,333,312 + 1,166,016,512 + 58,720,256 + 858,993,459 = 18,668,063,539
+    # KV tokens: (76,594,072,780 - 18,668,063,539) // 57,344 = 1,010,150 -> blocks of 16: 1,010,144
+    # pages: 96 x 10427 = 1,000,992 fit, 97 x 10427 = 1,011,419 do not
+    assert plan.value("usable_bytes") == 76_594_072_780
     assert plan.value("lm_activation_bytes") == 1_166_016_512
-    assert plan.value("encoder_activation_bytes") == 260_352_640
-    assert plan.value("max_num_seqs") == 97
-    # KV tokens: (58,158,163,968 - 97 * 1,216,512) // 57,344 = 1,012,139 -> blocks of 16: 1,012,128
-    assert plan.value("kv_tokens") == 1_012_128
+    assert plan.value("encoder_activation_bytes") == 781_057_920
+    assert plan.value("max_num_seqs") == 96
+    assert plan.value("kv_tokens") == 1_010_144
     argv = plan.argv()
-    assert (_flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("97", "10427")
+    assert (_flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("96", "10427")
     assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 3136, "max_pixels": 1_658_944}
+    # Qwen2.5-VL's processor takes video too: without "video": 0 vLLM profiles the encoder on a video
+    assert json.loads(_flag(argv, "--limit-mm-per-prompt")) == {"image": 1, "video": 0}
     assert "--trust-remote-code" not in argv  # Qwen2.5-VL is native in vLLM
 
 
 def test_paddleocr_vl_on_rtx_3060_12g():
-    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
+    plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), vllm_version="0.33.0")
     # visual: 2,822,400 // 784 = 3600; prompt: 'Table Recognition:' 18 bytes -> 9 + 32 = 41
     # page: 3600 + 41 + 8192 = 11833
     assert plan.value("page_tokens") == 11833
-    # usable: 12 GiB * 0.9 = 12,884,901,888 * 0.9 = 11,596,411,699
+    # usable: CUDA's 11.76 GiB = 12,042 MiB x 0.9 = 11,364,256,972
     # weights: 905,601,648 * 2 = 1,811,203,296
-    # decoder activation: 8192 * (4*1024 + 3*3072) * 2 = 8192 * 13312 * 2 = 218,103,808
-    # encoder activation: 3600 * 4 * (4*1152 + 3*4304) * 2 = 14400 * 17520 * 2 = 504,576,000
-    # encoder cache: 8192 * 1024 * 2 = 16,777,216
-    # fixed: 1,811,203,296 + 504,576,000 + 16,777,216 + 1,342,177,280 = 3,674,733,792
-    # free: 11,596,411,699 - 3,674,733,792 = 7,921,677,907
-    # per page: 11833 * 18,432 + 103,424 * 8 = 218,105,856 + 827,392 = 218,933,248
-    # pages: floor(7,921,677,907 / 218,933,248) = 36   (36 pages: 7,881,596,928)
-    assert plan.value("max_num_seqs") == 36
-    # KV tokens: (7,921,677,907 - 36 * 827,392) // 18,432 = 428,162 -> blocks of 16: 428,160
-    assert plan.value("kv_tokens") == 428_160
+    # encoder: 8192 // 3600 = 2 pages: 2 * 3600 * 4 * (4*1152 + 3*4304) * 2 = 1,009,152,000 (> decoder 218,103,808)
+    # non-KV: 1,811,203,296 + 1,009,152,000 + 16,777,216 + 858,993,459 = 3,696,125,971
+    # KV tokens: (11,364,256,972 - 3,696,125,971) // 18,432 = 416,024 -> blocks of 16: 416,016
+    # pages: 35 x 11833 = 414,155 fit, 36 x 11833 = 425,988 do not
+    assert plan.value("usable_bytes") == 11_364_256_972
+    assert plan.value("encoder_activation_bytes") == 1_009_152_000
+    assert plan.value("max_num_seqs") == 35
+    assert plan.value("kv_tokens") == 416_016
     argv = plan.argv()
-    assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "36"
+    assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "35"
 
 
 def test_p95_target_caps_max_num_seqs():
@@ -129,7 +136,7 @@ def test_p95_target_caps_max_num_seqs():
     # a step may stream 20 s / 2048 * (360e9 B/s * 0.8) = 2,812,500,000 B
     # B <= (2,812,500,000 - 1,811,203,296 weights) / (4665 * 18,432 B) = 1,001,296,704 / 85,985,280 = 11.6
     assert plan.value("seqs_by_p95") == 11
-    assert plan.value("max_num_seqs") == 11  # min(memory 36, p95 11)
+    assert plan.value("max_num_seqs") == 11  # min(memory 35, p95 11)
     with pytest.raises(PlanError, match="out of reach"):
         # one page alone: 2048 * (1,811,203,296 + 85,985,280) / 288e9 = 13.5 s > 10 s
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=10)
@@ -138,14 +145,14 @@ def test_p95_target_caps_max_num_seqs():
 def test_model_too_big_for_the_gpu_says_what_would_fit():
     with pytest.raises(PlanError) as err:
         plan_serving(get_model("Qwen/Qwen3-VL-8B-Instruct"), lookup("RTX 3060"))
-    # 8,767,123,696 * 2 B = 16.33 GiB of weights > 12 GiB * 0.9 = 10.80 GiB
+    # 8,767,123,696 * 2 B = 16.33 GiB of weights > CUDA's 11.76 GiB * 0.9 = 10.58 GiB
     message = str(err.value)
-    assert "does not fit" in message and "weights alone take 16.33 GiB of the 10.80 GiB" in message
+    assert "does not fit" in message and "weights alone take 16.33 GiB of the 10.58 GiB" in message
     assert "a bigger GPU: L40S 48G" in message and "--gpus 4" in message
 
 
 def test_page_too_big_suggests_a_smaller_budget():
-    six_gib = GpuSpec("6 GiB card", 6 * 1024, (8, 6), 0.0)
+    six_gib = GpuSpec("5.5 GiB card", 5632, (8, 6), 0.0)
     with pytest.raises(PlanError) as err:
         plan_serving(get_model("tencent/HunyuanOCR"), six_gib)
     message = str(err.value)
@@ -166,7 +173,7 @@ def test_page_too_big_suggests_a_smaller_budget():
 
 
 def test_requested_max_num_seqs_beyond_memory_fails():
-    with pytest.raises(PlanError, match="memory holds 36 pages"):
+    with pytest.raises(PlanError, match="memory holds 35 pages"):
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=64)
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=8)
     assert plan.value("max_num_seqs") == 8
@@ -257,13 +264,13 @@ def test_renderers():
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
     assert shlex.split(render_argv(plan)) == plan.argv()
     data = json.loads(render_json(plan))
-    assert data["vllm_args"]["max_num_seqs"] == 36 and data["argv"] == plan.argv()
+    assert data["vllm_args"]["max_num_seqs"] == 35 and data["argv"] == plan.argv()
     assert {s["key"] for s in data["steps"]} >= {"weights_bytes", "kv_bytes_per_token", "max_num_seqs"}
     assert yaml.safe_load(render_yaml(plan)) == data
     console = Console(record=True, width=250)
     console.print(render_table(plan))
     text = console.export_text()
-    assert "KV cache per token" in text and "18.00 KiB" in text and "--max-num-seqs 36" in text
+    assert "KV cache per token" in text and "18.00 KiB" in text and "--max-num-seqs 35" in text
     assert "[https://" in text  # sources survive Rich markup
 
 
@@ -281,7 +288,7 @@ def test_cli_plan_formats_and_errors():
         ["plan", "--profile", "", "--gpu", "RTX 3060", "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"],
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 36
+    assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 35
     result = runner.invoke(
         _cli(), ["plan", "--profile", "", "--gpu", "rtx-4090d", "--max-pixels", str(2048 * 2048), "--format", "argv"]
     )
@@ -307,7 +314,7 @@ def test_cli_plan_takes_the_profile_budget_only_for_the_profile_model():
     result = runner.invoke(
         _cli(), ["plan", "--model", "allenai/olmOCR-2-7B-1025", "--gpu", "a100-80g", "--format", "json"]
     )
-    assert result.exit_code == 0 and json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 97
+    assert result.exit_code == 0 and json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 96
 
 
 @pytest.mark.parametrize(

@@ -5,19 +5,25 @@ fraction of), bfloat16 support (vLLM refuses ``--dtype bfloat16`` below compute 
 asks for ``--dtype half``) and peak memory bandwidth (bytes/s; decoding is bandwidth-bound, used for
 the ``--p95`` latency estimate).
 
-Sources: memory, compute capability and bandwidth are the vendor's datasheet figures, cited per
-entry. Memory is stored in MiB as the nominal capacity (``24 GB`` GDDR cards carry 24 GiB of DRAM;
-``nvidia-smi`` reports slightly less, e.g. 24564 MiB on an RTX 4090, because the driver reserves a
-little). The bf16 rule is vLLM's own check (``vllm/platforms/cuda.py``, ``check_if_supports_dtype``:
+Sources: compute capability and bandwidth are the vendor's datasheet figures, cited per entry.
+Memory is the total **as CUDA reports it** (``cudaMemGetInfo`` / torch's ``total_memory``, what
+vLLM multiplies by ``gpu_memory_utilization``), from a public log or device query cited per entry.
+It is below the nominal size and below ``nvidia-smi``'s total (an H100 80GB: 79.11 GiB to CUDA,
+81559 MiB = 79.65 GiB to ``nvidia-smi``): the driver keeps some for itself. The bf16 rule is
+vLLM's own check (``vllm/platforms/cuda.py``, ``check_if_supports_dtype``:
 "Bfloat16 is only supported on GPUs with compute capability of at least 8.0").
 
-Detection (``--gpu auto``) asks NVML through ``pynvml`` (package ``nvidia-ml-py``, imported lazily
-so the module loads on machines without it) and falls back to
-``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits``.
+Detection (``--gpu auto``) asks the CUDA driver first (``libcuda``'s ``cuDeviceTotalMem``, the
+total vLLM sees, through ``ctypes``; no context is created), then NVML through ``pynvml`` (package
+``nvidia-ml-py``, imported lazily so the module loads on machines without it), then
+``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits``. NVML and ``nvidia-smi``
+report the larger total, so for a card the registry knows they are read for its name and count and
+the registry's CUDA total is planned with.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 import shutil
@@ -81,114 +87,139 @@ _NV = "https://www.nvidia.com/"
 GPUS: tuple[GpuSpec, ...] = (
     _spec(
         "RTX 3060 12G",
-        12,
+        11.76,
         (8, 6),
         360,
         ["rtx3060", "rtx306012gb", "3060"],
         _NV + "en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti/ (12 GB GDDR6, 192-bit, 15 Gbps "
-        "= 360 GB/s; GA106, compute capability 8.6 per developer.nvidia.com/cuda-gpus)",
+        "= 360 GB/s; GA106, compute capability 8.6 per developer.nvidia.com/cuda-gpus)"
+        "; CUDA total 11.76 GiB, GPU 0; 11.76 GiB total capacity: "
+        "https://github.com/TencentARC/PhotoMaker/issues/47 (an RTX 3060 12GB)",
     ),
     _spec(
         "RTX 2080 Ti",
-        11,
+        10.76,
         (7, 5),
         616,
         ["rtx2080ti", "2080ti"],
         _NV + "en-us/geforce/graphics-cards/compare/?section=compare-20 (11 GB GDDR6, 616 GB/s; "
-        "Turing TU102, compute capability 7.5: no bf16)",
+        "Turing TU102, compute capability 7.5: no bf16)"
+        "; CUDA total 10.76 GiB, GPU 0; 10.76 GiB total capacity: "
+        "https://github.com/JDAI-CV/image-captioning/issues/11 (a 2080 Ti 11 GB)",
     ),
     _spec(
         "RTX 3090",
-        24,
+        23.58,
         (8, 6),
         936,
         ["rtx3090", "3090"],
         _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/ (24 GB GDDR6X, 936 GB/s; "
-        "GA102, compute capability 8.6)",
+        "GA102, compute capability 8.6)"
+        "; CUDA total 23.58 GiB, vLLM's total_gpu_memory=23.58GiB: "
+        "https://github.com/vllm-project/vllm/issues/10517 (an RTX 3090)",
     ),
     _spec(
         "RTX 4090",
-        24,
+        23.64,
         (8, 9),
         1008,
         ["rtx4090", "4090"],
         _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/ (24 GB GDDR6X, 384-bit, 21 Gbps "
-        "= 1008 GB/s; AD102, compute capability 8.9)",
+        "= 1008 GB/s; AD102, compute capability 8.9)"
+        "; CUDA total 23.64 GiB, total capacity of 23.64 GiB: "
+        "https://github.com/ali-vilab/VGen/issues/104; deviceQuery 25,386,352,640 B: https://github.com/thamada/nvidia-smi/blob/c4c8a463a61e4ac67e3d7956da104b302760a498/gls/RTX4090_deviceQuery.py",
     ),
     _spec(
         "RTX 4090D",
-        24,
+        23.64,
         (8, 9),
         1008,
         ["rtx4090d", "4090d"],
         _NV + "zh-cn/geforce/graphics-cards/40-series/rtx-4090d/ (24 GB GDDR6X, 384-bit: the "
-        "4090's memory system, 114 instead of 128 SMs; AD102, compute capability 8.9)",
+        "4090's memory system, 114 instead of 128 SMs; AD102, compute capability 8.9)"
+        "; CUDA total 23.64 GiB, no public figure found; taken as the RTX 4090's, whose 24 GB memory system it shares",
     ),
     _spec(
         "L4",
-        24,
+        21.95,
         (8, 9),
         300,
         ["l4", "nvidial4"],
-        _NV + "en-us/data-center/l4/ (24 GB GDDR6, 300 GB/s; Ada, compute capability 8.9)",
+        _NV + "en-us/data-center/l4/ (24 GB GDDR6, 300 GB/s; Ada, compute capability 8.9)"
+        "; CUDA total 21.95 GiB, deviceQuery 23,570,219,008 B: "
+        "https://github.com/thamada/nvidia-smi/blob/c4c8a463a61e4ac67e3d7956da104b302760a498/gls/L4_deviceQuery.py",
     ),
     _spec(
         "A10 24G",
-        24,
+        22.18,
         (8, 6),
         600,
         ["a10", "a1024g", "a1024gb"],
-        _NV + "en-us/data-center/products/a10-gpu/ (24 GB GDDR6, 600 GB/s; GA102, compute capability 8.6)",
+        _NV + "en-us/data-center/products/a10-gpu/ (24 GB GDDR6, 600 GB/s; GA102, compute capability 8.6)"
+        "; CUDA total 22.18 GiB, total capacity of 22.18 GiB: https://github.com/OpenBMB/MiniCPM-V/issues/640 (an A10)",
     ),
     _spec(
         "T4 16G",
-        16,
+        14.56,
         (7, 5),
         320,
         ["t4", "t416g", "t416gb", "teslat4"],
-        _NV + "en-us/data-center/tesla-t4/ (16 GB GDDR6, 320+ GB/s; Turing, compute capability 7.5: no bf16)",
+        _NV + "en-us/data-center/tesla-t4/ (16 GB GDDR6, 320+ GB/s; Turing, compute capability 7.5: no bf16)"
+        "; CUDA total 14.56 GiB, total capacity of 14.56 GiB: "
+        "https://github.com/Zheng-Chong/CatVTON/issues/133 (a T4 on GCP; 14.58 to 14.75 elsewhere)",
     ),
     _spec(
         "L40S 48G",
-        48,
+        44.42,
         (8, 9),
         864,
         ["l40s", "l40s48g", "l40s48gb"],
-        _NV + "en-us/data-center/l40s/ (48 GB GDDR6 with ECC, 864 GB/s; Ada, compute capability 8.9)",
+        _NV + "en-us/data-center/l40s/ (48 GB GDDR6 with ECC, 864 GB/s; Ada, compute capability 8.9)"
+        "; CUDA total 44.42 GiB, total capacity of 44.42 GiB: "
+        "https://github.com/stepfun-ai/Step-Video-T2V/issues/8 (8 x L40S; deviceQuery 44.52: https://github.com/thamada/nvidia-smi/blob/c4c8a463a61e4ac67e3d7956da104b302760a498/gls/L40S_deviceQuery.py)",
     ),
     _spec(
         "A100 40G",
-        40,
+        39.38,
         (8, 0),
         1555,
         ["a10040g", "a10040gb", "a100pcie40gb", "a100sxm440gb"],
-        _NV + "en-us/data-center/a100/ (A100 40GB: HBM2, 1,555 GB/s; compute capability 8.0)",
+        _NV + "en-us/data-center/a100/ (A100 40GB: HBM2, 1,555 GB/s; compute capability 8.0)"
+        "; CUDA total 39.38 GiB, vLLM's total_gpu_memory (39.38GiB): "
+        "https://github.com/vllm-project/vllm/issues/16570 (4 x A100 40GB)",
     ),
     _spec(
         "A100 80G",
-        80,
+        79.26,
         (8, 0),
         1935,
         ["a100", "a10080g", "a10080gb", "a100sxm480gb", "a100pcie80gb"],
-        _NV + "en-us/data-center/a100/ (A100 80GB: HBM2e, 1,935 GB/s PCIe / 2,039 GB/s SXM; the lower figure is kept)",
+        _NV + "en-us/data-center/a100/ (A100 80GB: HBM2e, 1,935 GB/s PCIe / 2,039 GB/s SXM; the lower figure is kept)"
+        "; CUDA total 79.26 GiB, deviceQuery 85,100,068,864 B on an A100-SXM4-80GB: "
+        "https://github.com/thamada/nvidia-smi/blob/c4c8a463a61e4ac67e3d7956da104b302760a498/gls/"
+        "A100SXMx4_deviceQuery.py (79.14 to 79.35 in OOM messages)",
     ),
     _spec(
         "H100 80G",
-        80,
+        79.11,
         (9, 0),
         2000,
         ["h100", "h10080g", "h10080gb", "h10080gbhbm3", "h100pcie", "h100sxm580gb"],
         _NV + "en-us/data-center/h100/ (H100 80GB: 2.0 TB/s PCIe / 3.35 TB/s SXM; the lower figure "
-        "is kept; compute capability 9.0)",
+        "is kept; compute capability 9.0)"
+        "; CUDA total 79.11 GiB, total capacity of 79.11 GiB beside nvidia-smi's H100 80GB HBM3: "
+        "https://github.com/vllm-project/vllm/issues/27508 (vLLM logs 79.22)",
     ),
     _spec(
         "H200 141G",
-        143771 / 1024,
+        143156 / 1024,
         (9, 0),
         4800,
         ["h200", "h200141g", "h200141gb", "h200nvl"],
         _NV + "en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s; nvidia-smi reports 143771 MiB "
-        "total on an H200 SXM; compute capability 9.0)",
+        "total on an H200 SXM; compute capability 9.0)"
+        "; CUDA total 139.80 GiB, torch total_memory=143156MB for an NVIDIA H200: "
+        "https://github.com/ai-bot-pro/achatbot/blob/859e21612de769164d8d1802d794ef8f87ace3c8/deploy/modal/src/llm/vllm/vlm/skywork_r1v.py",
     ),
 )
 
@@ -259,7 +290,7 @@ class DetectedGpu:
         memory_mib: total memory the driver reports, MiB.
         count: how many GPUs of this kind the machine has.
         spec: the matching registry entry, or ``None``.
-        via: ``"nvml"`` or ``"nvidia-smi"``.
+        via: ``"cuda"``, ``"nvml"`` or ``"nvidia-smi"``.
     """
 
     name: str
@@ -269,7 +300,9 @@ class DetectedGpu:
     via: str
 
     def as_spec(self) -> GpuSpec:
-        """A :class:`GpuSpec` with the detected memory (the registry's bf16/bandwidth if known).
+        """A :class:`GpuSpec` with the detected memory (the registry's bf16/bandwidth if known; for a
+        known card seen through NVML or ``nvidia-smi``, whose totals exceed CUDA's, the registry's
+        memory).
 
         A card the registry does not know is assumed to support bf16 (every data-center and
         consumer NVIDIA card since Ampere does) and to have unknown bandwidth.
@@ -286,12 +319,34 @@ class DetectedGpu:
         base = self.spec
         return GpuSpec(
             base.name,
-            self.memory_mib,
+            self.memory_mib if self.via == "cuda" else base.memory_mib,
             base.compute_capability,
             base.bandwidth_gbs,
             base.aliases,
             f"detected via {self.via}; {base.source}",
         )
+
+
+def _detect_cuda() -> list[tuple[str, int]]:
+    """``(name, total MiB)`` per device from the CUDA driver API (``cuInit``, ``cuDeviceGetName``,
+    ``cuDeviceTotalMem_v2``; CUDA Driver API reference, "Device Management"); ``[]`` without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    count = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    found = []
+    for index in range(count.value):
+        device, total = ctypes.c_int(), ctypes.c_size_t()
+        name = ctypes.create_string_buffer(256)
+        if cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
+            continue
+        cuda.cuDeviceGetName(name, len(name), device)
+        if cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device) == 0:
+            found.append((name.value.decode(errors="replace"), total.value // MIB))
+    return found
 
 
 def _detect_nvml() -> list[tuple[str, int]]:
@@ -346,12 +401,14 @@ def detect() -> DetectedGpu:
         GpuError: neither NVML nor ``nvidia-smi`` reports a GPU.
     """
     errors = []
-    found: list[tuple[str, int]] = []
-    via = "nvml"
-    try:
-        found = _detect_nvml()
-    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver not loaded, ...
-        errors.append(f"NVML: {exc}")
+    found = _detect_cuda()
+    via = "cuda"
+    if not found:
+        via = "nvml"
+        try:
+            found = _detect_nvml()
+        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver not loaded, ...
+            errors.append(f"NVML: {exc}")
     if not found:
         via = "nvidia-smi"
         try:

@@ -397,6 +397,14 @@ class VllmConfig(Section):
         "auto", description="auto = priority (lanes pass their priority on); fcfs ignores it"
     )
     dtype: str = Field("auto", description="Model dtype; auto = checkpoint's, half on GPUs without bf16")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV-cache element type; fp8 halves the bytes per token (auto = the model's dtype)"
+    )
+    enforce_eager: bool = Field(False, description="No CUDA graphs (slower decoding, no graph memory)")
+
+    version: str = Field(
+        "auto", exclude=True, description="vLLM release to plan for; auto = the installed one, else the newest known"
+    )
 
     executable: str = Field("vllm", exclude=True, description="The vllm executable (a path or a name on PATH)")
     extra_args: list[str] = Field(default_factory=list, exclude=True, description="Appended to the planned argv")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from enum import Enum
 from typing import Annotated
 
@@ -10,9 +12,10 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from ocrserve.cli.common import Overrides, err_console
-from ocrserve.cli.plan_render import RENDERERS
+from ocrserve.cli.plan_render import RENDERERS, render_defaults
 from ocrserve.config import ConfigError, load_config
-from ocrserve.gpu.planner import PlanError, plan_serving
+from ocrserve.gpu.defaults import compare_defaults
+from ocrserve.gpu.planner import Plan, PlanError, plan_serving
 from ocrserve.gpu.registry import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, ModelError, get_model, list_models
 
@@ -57,7 +60,13 @@ def _profile_settings(profile: str, model: str | None, overrides: list[str]) -> 
             highlight=False,
         )
         return {}
-    settings: dict = {"model": config.engine.model, "vllm": config.vllm.model_dump()}
+    settings: dict = {
+        "model": config.engine.model,
+        "vllm": config.vllm.model_dump(),
+        "vllm_version": _number(config.vllm.version),
+        "overcommit": config.router.slot_overcommit,
+        "burst": config.router.fast.burst_slots,
+    }
     if model is None or model == config.engine.model:
         settings.update(
             min_pixels=config.preprocess.min_pixels,
@@ -97,6 +106,21 @@ def plan(
     fmt: Annotated[
         Format, typer.Option("--format", help="table, yaml, json or argv (the vllm serve command).")
     ] = Format.table,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM release to plan for (its start-up accounting); default: the installed one, else the "
+            "newest the planner knows."
+        ),
+    ] = None,
+    compare_defaults_: Annotated[
+        bool,
+        typer.Option(
+            "--compare-defaults",
+            help="Show, flag by flag, what vLLM's own defaults would do to this model and page budget next to the "
+            "plan (start-up failure, chunked prefill, preemption); with --format json, the same as a list.",
+        ),
+    ] = False,
     set_: Overrides = None,
 ) -> None:
     """Plan `vllm serve` flags for an OCR model on a GPU, showing how each number is derived.
@@ -118,6 +142,10 @@ def plan(
         ocrserve plan --model ./checkpoints/my-qwen2.5-vl --gpu auto
 
         ocrserve plan --gpu "H100 80G" --set vllm.max_model_len=32768 --set preprocess.max_pixels=2000000
+
+        ocrserve plan --gpu l40s --vllm-version 0.18.1 --set vllm.kv_cache_dtype=fp8
+
+        ocrserve plan --gpu "RTX 4090" --compare-defaults     # why not vllm serve's own defaults?
     """
     settings = _profile_settings(profile, model, list(set_ or []))
     vllm_settings = dict(settings.get("vllm") or {})
@@ -137,14 +165,30 @@ def plan(
             max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
             p95_seconds=p95,
             overrides=vllm_settings,
+            vllm_version=vllm_version or settings.get("vllm_version"),
+            gateway_overcommit=settings.get("overcommit", 1.0),
+            gateway_burst=settings.get("burst", 0),
         )
     except (ModelError, GpuError, PlanError) as exc:
         raise _fail(str(exc)) from None
+    if compare_defaults_:
+        _print_defaults(result, fmt)
+        return
     rendered = RENDERERS[fmt.value](result)
     if fmt is Format.table:
         Console().print(rendered)
     else:
         typer.echo(rendered)
+
+
+def _print_defaults(plan: Plan, fmt: Format) -> None:
+    rows = compare_defaults(plan)
+    if fmt is Format.table:
+        Console().print(render_defaults(plan, rows))
+    elif fmt is Format.json:
+        typer.echo(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    else:
+        raise _fail("--compare-defaults prints a table or --format json")
 
 
 def _number(value):

@@ -11,6 +11,7 @@ import json
 import shlex
 from collections.abc import Callable
 
+from ocrserve.gpu.defaults import Difference
 from ocrserve.gpu.planner import Plan, Step
 from ocrserve.gpu.registry import GIB
 
@@ -62,6 +63,30 @@ def render_table(plan: Plan):
     parts = [table, Text("vLLM command line:", style="bold"), Text(render_argv(plan))]
     parts += [Text("warning: " + w, style="yellow") for w in plan.warnings]
     return Group(*parts)
+
+
+def render_defaults(plan: Plan, rows: list[Difference]):
+    """A Rich table of :func:`~ocrserve.gpu.defaults.compare_defaults`: per flag, vLLM's default, the
+    plan's value and what the default would do."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(
+        "flag",
+        "vLLM default",
+        "planned",
+        "what the default does",
+        title=f"vLLM {plan.vllm_version} defaults vs the plan: {plan.model.id} on {plan.gpu.name}",
+    )
+    for row in rows:
+        table.add_row(row.flag, escape(_compact(row.default)), escape(_compact(row.planned)), escape(row.consequence))
+    return table
+
+
+def _compact(value: object) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 RENDERERS: dict[str, Callable[[Plan], object]] = {

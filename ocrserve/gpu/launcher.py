@@ -184,6 +184,9 @@ def plan_for(config: Config) -> Plan:
         factor=pre.factor,
         max_num_seqs=None if v.max_num_seqs == "auto" else v.max_num_seqs,
         overrides=v.model_dump(),
+        vllm_version=None if v.version == "auto" else v.version,
+        gateway_overcommit=config.router.slot_overcommit,
+        gateway_burst=config.router.fast.burst_slots,
     )
 
 

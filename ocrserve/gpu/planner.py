@@ -639,6 +639,7 @@ def plan_serving(
     overrides: Mapping[str, object] | None = None,
     vllm_version: str | None = None,
     gateway_overcommit: float = 1.0,
+    gateway_burst: int = 0,
 ) -> Plan:
     """Plan ``vllm serve`` for ``model`` on ``gpus`` x ``gpu`` with the start-up accounting of
     ``vllm_version``.
@@ -659,8 +660,9 @@ def plan_serving(
             arithmetic.
         vllm_version: the release planned for (``None``: the installed one, else
             :data:`~ocrserve.gpu.vllm_versions.NEWEST`).
-        gateway_overcommit: pages the gateway keeps in flight per planned sequence
-            (``router.slot_overcommit``); sizes ``--max-num-queued-reqs`` where the release has it.
+        gateway_overcommit, gateway_burst: the gateway keeps ``ceil(max_num_seqs x overcommit) +
+            burst`` pages in flight (``router.slot_overcommit``, ``router.fast.burst_slots``); that
+            sizes ``--max-num-queued-reqs`` where the release has it.
 
     Raises:
         PlanError: the model does not fit (the message says what would), a requested value is
@@ -796,7 +798,8 @@ def plan_serving(
         *parallel_steps,
     ]
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
-    steps += _admission(args, engine, budget, seqs * (gpus if strategy == "replicas" else 1), gateway_overcommit)
+    in_flight = math.ceil(seqs * (gpus if strategy == "replicas" else 1) * gateway_overcommit) + gateway_burst
+    steps += _admission(args, engine, budget, in_flight)
     _apply_overrides(args, overrides or {}, model, mem, budget, kv_tokens, warnings)
     return Plan(model, gpu, gpus, strategy, args, model.vllm_flags, steps, warnings, engine.accounting.name)
 
@@ -878,14 +881,12 @@ def _apply_overrides(
     ``vllm/v1/core/kv_cache_utils.py``)."""
     floors = {"max_num_batched_tokens": budget.visual + budget.prompt, "max_model_len": budget.page_tokens}
     for key, value in overrides.items():
-        if value in ("auto", None) or key in ("gpu_memory_utilization", "max_num_seqs"):
-            continue
+        if value in ("auto", None) or value is False or key in ("gpu_memory_utilization", "max_num_seqs"):
+            continue  # False: a switch left off
         if key in floors and int(value) < floors[key]:
             raise PlanError(f"vllm.{key}={value} is below the {floors[key]} tokens one page needs")
         if key == "max_model_len":
             _check_model_len(int(value), model, kv_tokens)
-        if key == "kv_cache_dtype" and value not in KV_CACHE_DTYPE_BYTES:
-            raise PlanError(f"vllm.kv_cache_dtype={value!r}: the planner sizes {', '.join(KV_CACHE_DTYPE_BYTES)}")
         args[key] = value
 
 
@@ -912,9 +913,12 @@ def _engine(vllm_version: str | None, overrides: Mapping[str, object]) -> Engine
     except VersionError as exc:
         raise PlanError(str(exc)) from None
     batched = overrides.get("max_num_batched_tokens")
+    kv_dtype = str(overrides.get("kv_cache_dtype") or "auto")
+    if kv_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise PlanError(f"vllm.kv_cache_dtype={kv_dtype!r}: the planner sizes {', '.join(KV_CACHE_DTYPE_BYTES)}")
     return Engine(
         accounting,
-        kv_cache_dtype=str(overrides.get("kv_cache_dtype") or "auto"),
+        kv_cache_dtype=kv_dtype,
         enforce_eager=overrides.get("enforce_eager") is True,
         max_num_batched_tokens=None if batched in (None, "auto") else int(batched),
     )
@@ -931,11 +935,11 @@ def _check_headroom(gpu: GpuSpec, util: float, engine: Engine) -> None:
             f"gpu_memory_utilization {util:g} leaves {gib(headroom)} of {gpu.name}'s {gpu.memory_gib:.2f} GiB "
             f"outside vLLM's budget, below the {gib(need)} the CUDA context"
             + ("" if engine.graphs_charged or engine.enforce_eager else " and CUDA graphs")
-            + f" take there (vLLM {engine.accounting.name} would refuse to start); at most {most:g}"
+            + f" need there (vLLM {engine.accounting.name} would refuse to start); at most {most:g}"
         )
 
 
-def _admission(args: dict[str, object], engine: Engine, budget: _Budget, seqs: int, overcommit: float) -> list[Step]:
+def _admission(args: dict[str, object], engine: Engine, budget: _Budget, in_flight: int) -> list[Step]:
     """Bound vLLM's own queue where the release can (``--max-num-queued-reqs`` counts waiting and
     running requests, ``--max-num-queued-tokens`` prompt tokens in prefill; over either vLLM answers
     503, which the gateway takes as backpressure): to the pages the gateway keeps in flight."""
@@ -950,7 +954,7 @@ def _admission(args: dict[str, object], engine: Engine, budget: _Budget, seqs: i
                 "bound what it sends",
             )
         ]
-    reqs = math.ceil(seqs * overcommit)
+    reqs = in_flight
     tokens = reqs * (budget.visual + budget.prompt)
     args["max_num_queued_reqs"] = reqs
     args["max_num_queued_tokens"] = tokens
@@ -960,8 +964,8 @@ def _admission(args: dict[str, object], engine: Engine, budget: _Budget, seqs: i
             "--max-num-queued-reqs",
             reqs,
             "seqs",
-            f"ceil({seqs} sequences x router.slot_overcommit {overcommit:g}): the pages the gateway keeps in "
-            "flight; beyond them (another client) vLLM answers 503 at once instead of queueing",
+            "the pages the gateway keeps in flight (max_num_seqs x router.slot_overcommit + "
+            "router.fast.burst_slots); beyond them (another client) vLLM answers 503 at once instead of queueing",
         ),
         Step(
             "max_num_queued_tokens",
@@ -1027,10 +1031,12 @@ def predict_startup(
     Raises:
         PlanError: a release the planner does not follow, or an unknown ``kv_cache_dtype``.
     """
-    overrides = {"max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager}
-    if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
-        raise PlanError(f"kv_cache_dtype={kv_cache_dtype!r}: the planner sizes {', '.join(KV_CACHE_DTYPE_BYTES)}")
-    engine = _engine(vllm_version, overrides | {"kv_cache_dtype": kv_cache_dtype})
+    overrides = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "enforce_eager": enforce_eager,
+        "kv_cache_dtype": kv_cache_dtype,
+    }
+    engine = _engine(vllm_version, overrides)
     budget = _budget(model, None, max_pixels, None)
     mem = _memory(
         model, gpu, gpu_memory_utilization, budget, engine, tp=tensor_parallel_size, pp=pipeline_parallel_size

@@ -222,7 +222,9 @@ class Router:
         metrics.REJECTIONS.labels(lane.name, "queue_full").inc()
         problem = Overloaded(
             f"the {lane.name} lane holds {lane.reserved} of {lane.cfg.queue_pages} pages and cannot take "
-            f"{pages} more; draining at {rate:.2f} pages/s, retry in {wait} s",
+            f"{pages} more; "
+            + (f"draining at {rate:.2f} pages/s" if rate > 0 else "no page has finished lately to measure its drain")
+            + f", retry in {wait} s",
             slug="queue-full",
             headers={"Retry-After": str(wait)},
         )

@@ -64,7 +64,9 @@ def test_prints_the_stage_table(tiny):
     assert tokens and int(tokens.group(1)) == TOKENS and float(tokens.group(2).replace(",", "")) > 0
     peak = re.search(r"([0-9,.]+) MiB \(rss\)", row(out, "peak memory"))
     assert peak and float(peak.group(1).replace(",", "")) > 50
-    assert "finish_reason: length (cut by max_new_tokens, twice: retried once with repetition_penalty=1.15;" in out
+    assert "cut by max_new_tokens; retried with repetition_penalty=1.15" in row(out, "first try")
+    assert seconds(row(out, "first try")) > 0
+    assert "finish_reason: length (cut by max_new_tokens; the reply of the retry (see 'first try'))" in out
     assert "G" * TOKENS in out
 
 
@@ -82,6 +84,7 @@ def test_json_has_the_same_fields(tiny):
         "prefill",
         "decode_tokens",
         "peak_memory",
+        "first_try",
     }
     assert stages["normalize"]["size"] == [640, 480]
     assert (stages["processor"]["image_tokens"], stages["processor"]["prompt_tokens"]) == (317, 346)
@@ -89,6 +92,12 @@ def test_json_has_the_same_fields(tiny):
     assert stages["prefill"]["s"] > 0 and stages["peak_memory"]["kind"] == "rss"
     assert stages["peak_memory"]["bytes"] > 50 * 2**20
     assert (report["finish_reason"], report["text"], report["page"]) == ("length", "G" * TOKENS, 1)
+    # the same fields as the gateway's page result, plus what the retry changed
+    assert (report["truncated"], report["retried"]) == (True, True)
+    assert report["retry_sampling"] == {"repetition_penalty": 1.15}
+    # decode_tokens is the retry's own: its rate follows from its own tokens and seconds
+    decode = stages["decode_tokens"]
+    assert decode["tokens_per_s"] == pytest.approx((TOKENS - 1) / decode["s"], rel=0.02)
 
 
 def test_compare_with_a_gateway(tiny):
@@ -121,11 +130,17 @@ def test_compare_with_a_gateway_serving_another_model_says_so(tiny):
     assert "The quick brown dog" in out  # the ONNX engine's real reading of phototest
 
 
-def test_compare_with_no_gateway_fails_after_the_local_run(tiny):
-    result = debug(PHOTOTEST, "--model", tiny, "--compare", "http://127.0.0.1:9", "--json")
-    assert result.exit_code == 1
-    assert json.loads(result.stdout)["text"] == "G" * TOKENS
-    assert "--compare http://127.0.0.1:9" in result.stderr
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("127.0.0.1:9", "--compare http://127.0.0.1:9: the gateway does not answer /healthz: ConnectError"),
+        ("ftp://example.org", "--compare ftp://example.org: not an http:// or https:// URL"),
+    ],
+)
+def test_a_compare_url_that_cannot_work_fails_before_the_local_run(tiny, url, message):
+    result = debug(PHOTOTEST, "--model", tiny, "--compare", url, "--json")
+    assert result.exit_code == 2 and result.stdout == ""  # no local run
+    assert message in " ".join(result.stderr.split())
 
 
 @pytest.mark.parametrize(
@@ -137,8 +152,12 @@ def test_compare_with_no_gateway_fails_after_the_local_run(tiny):
         ([PHOTOTEST, "--model", "tests"], "engine.model: 'tests' holds no config.json"),
         ([PHOTOTEST, "--set", "engine.transformers.device=tpu"], "engine.transformers.device='tpu': Expected one of"),
         ([PHOTOTEST, "--set", "engine.transformers.device=cuda:99"], "engine.transformers.device='cuda:99': torch"),
-        ([PHOTOTEST, "--profile", "local"], "needs a transformers one"),
-        ([str(DATA), "--model", "."], "no such file"),
+        ([PHOTOTEST, "--set", "engine.transformers.device=mps"], "engine.transformers.device='mps': torch"),
+        ([PHOTOTEST, "--set", "engine.transformers.attn_implementation=bogus"], "transformers knows eager,"),
+        ([PHOTOTEST, "--set", "engine.kind=onnx"], "engine.kind is onnx (profile 'debug' with --set)"),
+        (["tests/data"], "tests/data is a folder; give one image or PDF"),
+        ([PHOTOTEST, "--profile", "local"], "needs the transformers engine"),
+        ([str(DATA), "--model", "."], "is a folder"),
     ],
 )
 def test_bad_input_exits_2(tiny, args, message):

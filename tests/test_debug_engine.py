@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import httpx
 import huggingface_hub
@@ -57,6 +58,14 @@ def debug_gateway(tiny):
     gw.stop()
 
 
+def readiness(url: str) -> str:
+    """``/readyz``'s body, or ``""`` while the gateway does not listen yet."""
+    try:
+        return httpx.get(url + "/readyz", timeout=5).text
+    except httpx.TransportError:
+        return ""
+
+
 def post_page(url: str) -> httpx.Response:
     data = (DATA / "phototest.tif").read_bytes()
     return httpx.post(url + "/v1/ocr", files={"file": ("phototest.tif", data)}, timeout=120)
@@ -93,6 +102,26 @@ def test_gateway_serves_the_tiny_model(debug_gateway, tiny):
         1,
     )
     assert listing["class"] == "HunYuanVLForConditionalGeneration"
+
+
+def test_an_engine_that_fails_to_load_is_reported_as_such_not_as_loading(tmp_path):
+    folder = build_tiny_hunyuan(tmp_path / "model")
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")  # found by the launch check, refused by the loader
+    gw = Gateway(f"engine.model={folder}", profile="debug")
+    try:
+        deadline = time.monotonic() + 120
+        while "failed to start" not in readiness(gw.url):
+            assert time.monotonic() < deadline, "the gateway never reported the failed load"
+            time.sleep(0.5)
+        response = post_page(gw.url)
+    finally:
+        gw.stop()
+    assert response.status_code == 503 and response.headers["Retry-After"] == "60"
+    detail = response.json()["detail"]
+    assert (
+        detail.startswith("the OCR engine failed to start: ValueError: engine.model=") and "SafetensorError" in detail
+    )
 
 
 def test_two_requests_never_run_at_once(debug_gateway):

@@ -6,6 +6,7 @@ profile's launch command through vLLM's own argument parser."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import signal
@@ -274,10 +275,13 @@ def test_taken_address_fails_before_models_or_vllm_start(profile):
         ("engine.model=/no/such/model", "engine.model: no such model folder: '/no/such/model'"),
         ("engine.transformers.device=tpu", "engine.transformers.device='tpu': Expected one of cpu, cuda"),
         ("engine.transformers.max_new_tokens=0", "greater than or equal to 1, or 'auto' (got 0)"),
+        ("engine.transformers.attn_implementation=flash_attention_2", "the flash_attn package is not installed"),
     ],
 )
 def test_a_bad_debug_engine_setting_fails_before_the_server_starts(tmp_path, setting, message):
     pytest.importorskip("transformers", minversion="5.13", reason="the debug engine needs '.[debug]'")
+    if "flash_attention_2" in setting and importlib.util.find_spec("flash_attn"):
+        pytest.skip("flash-attn is installed here")
     from tests.tiny_hunyuan import build_tiny_hunyuan
 
     model = f"engine.model={build_tiny_hunyuan(tmp_path)}"
@@ -285,3 +289,15 @@ def test_a_bad_debug_engine_setting_fails_before_the_server_starts(tmp_path, set
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.output and "gateway:" not in result.stdout
+
+
+def test_a_model_folder_without_weights_fails_before_the_server_starts(tmp_path):
+    pytest.importorskip("transformers", minversion="5.13", reason="the debug engine needs '.[debug]'")
+    from tests.tiny_hunyuan import build_tiny_hunyuan
+
+    folder = build_tiny_hunyuan(tmp_path / "model")
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    result = CliRunner().invoke(app, ["launch", "--profile", "debug", "--set", f"engine.model={folder}"])
+    assert result.exit_code == 2, result.output
+    assert "the folder holds no weights (*.safetensors, pytorch_model*.bin)" in " ".join(result.stderr.split())

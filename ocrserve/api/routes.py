@@ -39,8 +39,11 @@ _problem_docs = {
 
 
 def require_ready(request: Request) -> None:
-    """Raise 503 with ``Retry-After`` while the engine is still loading."""
-    if not request.app.state.engine.ready:
+    """Raise 503 with ``Retry-After`` while the engine is still loading, or says why it failed to start."""
+    state = request.app.state
+    if state.engine_error:
+        raise EngineUnavailable(f"the OCR engine failed to start: {state.engine_error}", headers={"Retry-After": "60"})
+    if not state.engine.ready:
         raise EngineUnavailable("the OCR engine is still loading", headers={"Retry-After": "5"})
 
 

@@ -101,6 +101,28 @@ async def _gateway(url: str, file: Path, number: int, api_key: str | None) -> di
         return await client.ocr(file, fmt="json", pages=str(number))
 
 
+def _check_file(file: Path) -> None:
+    """Exit 2 unless ``file`` is a file."""
+    if file.is_dir():
+        raise _fail(f"{file} is a folder; give one image or PDF")
+    if not file.is_file():
+        raise _fail(f"no such file: {file}")
+
+
+def _reachable(url: str) -> str:
+    """``url`` with ``http://`` where it has no scheme, once its ``/healthz`` answers (before the
+    local run, which may take minutes); else exit 2."""
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith(("http://", "https://")):
+        raise _fail(f"--compare {url}: not an http:// or https:// URL")
+    try:
+        httpx.get(url.rstrip("/") + "/healthz", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise _fail(f"--compare {url}: the gateway does not answer /healthz: {type(exc).__name__}: {exc}") from None
+    return url
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -144,6 +166,9 @@ def _stage_table(report: dict) -> Table:
     table.add_row(
         "decode", f"{gen['s']:.3f} s", f"{gen['new_tokens']:,} new tokens, {gen['tokens_per_s']:,.1f} tokens/s"
     )
+    if report["retried"]:
+        changed = ", ".join(f"{k}={v}" for k, v in report["retry_sampling"].items())
+        table.add_row("first try", f"{s['first_try']['s']:.3f} s", f"cut by max_new_tokens; retried with {changed}")
     table.add_row("peak memory", "", f"{_mib(mem['bytes'])} ({mem['kind']})")
     return table
 
@@ -155,13 +180,8 @@ def _size(wh: list[int]) -> str:
 def _print_report(console: Console, report: dict) -> None:
     console.print(_stage_table(report))
     reason = report["finish_reason"]
-    retried = report["retried"]
-    if retried:  # the first reply was cut by max_new_tokens
-        changed = ", ".join(f"{k}={v}" for k, v in retried.items())
-        retried = f", twice: retried once with {changed}; times add both tries, tokens are the retry's"
-    console.print(
-        f"finish_reason: [bold]{reason}[/bold] ({FINISH_REASONS.get(reason, '?')}{retried or ''})", highlight=False
-    )
+    retried = "; the reply of the retry (see 'first try')" if report["retried"] else ""
+    console.print(f"finish_reason: [bold]{reason}[/bold] ({FINISH_REASONS.get(reason, '?')}{retried})", highlight=False)
     compare = report.get("compare")
     if compare is None:
         console.rule("text")
@@ -173,7 +193,9 @@ def _print_report(console: Console, report: dict) -> None:
     side.add_row(report["text"] or "(empty)", compare["text"] or "(empty)")
     error = compare["error"]
     remote = (
-        f"error: {error.get('title')}: {error.get('detail')}" if error else f"finish_reason: {compare['finish_reason']}"
+        f"error: {error.get('title')}: {error.get('detail')}"
+        if error
+        else f"finish_reason: {compare['finish_reason'] or '(not reported by its engine)'}"
     )
     side.add_row(f"finish_reason: {reason}", remote)
     console.print(side, markup=False, highlight=False)
@@ -183,6 +205,9 @@ def _print_report(console: Console, report: dict) -> None:
             "the texts may differ by model, not by serving",
             highlight=False,
         )
+    if compare["cer"] is None:
+        console.print("CER: undefined, the debug engine's text (the reference) is empty", highlight=False)
+        return
     console.print(
         f"CER of the gateway's text against the debug engine's: [bold]{compare['cer']:.2%}[/bold]"
         + (" (identical)" if compare["text"] == report["text"] else ""),
@@ -226,13 +251,14 @@ def debug(
 
         ocrserve debug scan.png --compare http://ocr.internal:8000      # model or serving?
     """
-    if not file.is_file():
-        raise _fail(f"no such file: {file}")
+    _check_file(file)
     config = load_or_exit(profile, [*(overrides or []), *([f"engine.model={model}"] if model else [])])
     if config.engine.kind != "transformers":
         raise _fail(
-            f"profile {profile!r} runs the {config.engine.kind} engine; ocrserve debug needs a transformers one"
+            f"engine.kind is {config.engine.kind} (profile {profile!r}{' with --set' if overrides else ''}); "
+            "ocrserve debug needs the transformers engine"
         )
+    compare = _reachable(compare) if compare else None
     try:
         from ocrserve.engines.base import PageError
         from ocrserve.engines.transformers import TransformersEngine
@@ -283,9 +309,12 @@ def debug(
                 "max_new_tokens": info["max_new_tokens"],
             },
             "peak_memory": {"kind": kind, "bytes": peak},
-        },
+        }
+        | ({"first_try": {"s": timings["first_try_s"]}} if gen["retried"] else {}),
         "finish_reason": gen["finish_reason"],
-        "retried": dict(engine.spec.retry_sampling) if gen["retried"] else None,
+        "truncated": gen["truncated"],
+        "retried": gen["retried"],
+        "retry_sampling": dict(engine.spec.retry_sampling) if gen["retried"] else None,
         "text": result.text,
     }
     failed = None
@@ -304,7 +333,7 @@ def debug(
                 "text": remote.get("text", ""),
                 "finish_reason": (remote.get("generation") or {}).get("finish_reason"),
                 "error": remote.get("error"),
-                "cer": round(cer(remote.get("text", ""), result.text), 4),
+                "cer": round(cer(remote.get("text", ""), result.text), 4) if result.text else None,
             }
             if remote.get("error"):
                 failed = f"--compare {compare}: the gateway failed page {page}: {remote['error'].get('detail')}"

@@ -26,6 +26,7 @@ Exactly one slot and one thread: pages run one after another, a second page wait
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import math
 import resource
@@ -41,7 +42,13 @@ import numpy as np
 import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import try_to_load_from_cache
-from transformers import AutoModelForImageTextToText, AutoProcessor, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    AttentionInterface,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
@@ -60,6 +67,8 @@ log = logging.getLogger(__name__)
 UNMAPPED_SAMPLING = ("presence_penalty", "frequency_penalty", "vllm_xargs")
 #: Output tokens of the warm-up page.
 WARM_UP_TOKENS = 2
+#: Weight files ``from_pretrained`` loads from a folder (safetensors, sharded or not, or PyTorch's).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 
 
 def generate_kwargs(sampling: Mapping[str, object], max_new_tokens: int | None = None) -> dict:
@@ -99,7 +108,31 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         seen = f"{torch.cuda.device_count()} CUDA device(s)" if torch.version.cuda else "no CUDA (a CPU-only build)"
         raise ValueError(f"engine.transformers.device={name!r}: torch {torch.__version__} sees {seen}")
+    try:
+        torch.empty(1, device=device)  # mps, xpu ...: torch knows the name but may lack the backend
+    except (RuntimeError, AssertionError) as exc:
+        first = str(exc).split(". ")[0].splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"engine.transformers.device={name!r}: torch {torch.__version__} cannot use it: {first}"
+        ) from None
     return device
+
+
+def check_attention(name: str) -> None:
+    """Refuse an ``attn_implementation`` transformers does not register (``AttentionInterface``),
+    or a flash-attention one whose package is not installed.
+
+    Raises:
+        ValueError: the message names the key.
+    """
+    known = {"eager", *(key for key in AttentionInterface._global_mapping if "|" not in key)}
+    if name not in known:
+        raise ValueError(
+            f"engine.transformers.attn_implementation={name!r}: transformers knows {', '.join(sorted(known))}"
+        )
+    package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        raise ValueError(f"engine.transformers.attn_implementation={name}: the {package} package is not installed")
 
 
 def locate_weights(source: str, spec: ModelSpec) -> str:
@@ -108,10 +141,12 @@ def locate_weights(source: str, spec: ModelSpec) -> str:
     Hugging Face cache holds it.
 
     Raises:
-        ValueError: a registry model the cache does not hold.
+        ValueError: a folder without weight files, or a registry model the cache does not hold.
     """
     path = Path(source).expanduser()
     if (path / "config.json").is_file():
+        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+            raise ValueError(f"engine.model={source!r}: the folder holds no weights ({', '.join(WEIGHT_FILES)})")
         return str(path)
     if not isinstance(try_to_load_from_cache(spec.id, "config.json"), str):
         raise ValueError(
@@ -197,6 +232,7 @@ class Generation:
         tokens_per_s: decoding speed after the first token (0 with fewer than 2 tokens).
         started_at, ended_at: Unix time the page's work began and ended on the engine thread, s.
         retried: the reply is the second attempt, after the first was cut by ``max_new_tokens``.
+        first_try_s: seconds of that first attempt (0 when not retried).
     """
 
     reply: str
@@ -211,25 +247,26 @@ class Generation:
     started_at: float
     ended_at: float
     retried: bool = False
+    first_try_s: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """Processor, prefill and decoding time of this generation, s."""
+        return self.processor_s + self.prefill_s + self.decode_s
 
     def after(self, first: Generation) -> Generation:
-        """This generation as the retry of ``first``: its reply, counts and tokens/s, with the
-        seconds of both attempts added (so the page's ``engine_s`` covers both) and ``first``'s start."""
-        return replace(
-            self,
-            processor_s=first.processor_s + self.processor_s,
-            prefill_s=first.prefill_s + self.prefill_s,
-            decode_s=first.decode_s + self.decode_s,
-            started_at=first.started_at,
-            retried=True,
-        )
+        """This generation as the retry of ``first``: its reply, counts, stage times and tokens/s,
+        with ``first``'s start and its whole time as ``first_try_s`` (so the page's ``engine_s``
+        covers both)."""
+        return replace(self, started_at=first.started_at, retried=True, first_try_s=first.seconds)
 
     def report(self) -> dict:
         """``PageResult.generation``: the reason (and, as the ``vllm`` engine reports them,
-        ``truncated`` and ``retried``), the counts, tokens/s and the instants."""
+        ``truncated``, here for a cut by ``max_new_tokens`` or by the wall-clock cap, and
+        ``retried``), the counts, tokens/s and the instants."""
         return {
             "finish_reason": self.finish_reason,
-            "truncated": self.finish_reason == "length",
+            "truncated": self.finish_reason in ("length", "time"),
             "retried": self.retried,
             "prompt_tokens": self.prompt_tokens,
             "image_tokens": self.image_tokens,
@@ -269,6 +306,7 @@ class TransformersEngine(Engine):
         self.sampling = generate_kwargs(
             self.spec.sampling, None if self.cfg.max_new_tokens == "auto" else self.cfg.max_new_tokens
         )
+        check_attention(self.cfg.attn_implementation)
         self.device = resolve_device(self.cfg.device)
         self.dtype = resolve_dtype(self.cfg.dtype, self.device, self.spec)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-torch")
@@ -349,6 +387,8 @@ class TransformersEngine(Engine):
             "prefill_s": round(gen.prefill_s, 4),
             "decode_s": round(gen.decode_s, 4),
         }
+        if gen.retried:
+            timings["first_try_s"] = round(gen.first_try_s, 4)
         return reply_result(self.spec, gen.reply, page, timings, gen.report())
 
     # -- on the engine thread ---------------------------------------------------------------
@@ -365,8 +405,8 @@ class TransformersEngine(Engine):
                 dtype=self.dtype,
                 attn_implementation=self.cfg.attn_implementation,
             )
-        except OSError as exc:  # a file the folder or the cache lacks (config.json is there)
-            raise ValueError(f"engine.model={self.source!r}: incomplete checkpoint: {exc}") from None
+        except Exception as exc:  # a missing or corrupt file (config.json is there): the checkpoint's fault
+            raise ValueError(f"engine.model={self.source!r}: cannot load it: {type(exc).__name__}: {exc}") from None
         self._net = net.to(self.device).eval()
         self.parameters = sum(p.numel() for p in self._net.parameters())
         log.info(

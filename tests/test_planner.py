@@ -4,7 +4,8 @@
 The hand arithmetic below uses the planner's constants, each sourced in ``ocrserve/gpu/planner.py``,
 and plans for vLLM 0.33 (which charges its CUDA-graph estimate to the KV cache): reserves non-torch
 0.3 GiB = 322,122,547 B and CUDA graphs 0.5 GiB = 536,870,912 B; GPU totals as CUDA reports them;
-activations 2 B per value; sampler 8 B per vocabulary entry per sequence; KV blocks of 16 tokens;
+activations 2 B per value, two vision-encoder layers live; sampler 32 B per vocabulary entry per
+sequence; KV blocks of 16 tokens;
 ``max_num_batched_tokens`` >= 8192.
 """
 
@@ -57,20 +58,21 @@ def test_hunyuan_on_rtx_4090d_with_a_2048_squared_budget():
     # batched tokens: max(8192, 4354+137=4491 rounded up to 256 = 4608) = 8192
     # decoder activation: 8192 * (4*1024 + 3*3584) * 2 = 8192 * 14848 * 2 = 243,269,632
     assert plan.value("lm_activation_bytes") == 243_269_632
-    # encoder: 8192 // 4354 = 1 page profiled; 4354 tokens * 2^2 patches * (4*1152 + 3*4304) * 2 = 610,256,640
-    assert plan.value("encoder_activation_bytes") == 610_256_640
-    # profile peak: max(decoder, encoder, sampler 9 x 120,818 x 8 = 8,698,896) = 610,256,640
-    assert plan.value("activation_bytes") == 610_256_640
+    # encoder: 8192 // 4354 = 1 page profiled; 2 live layers x 4354 tokens x 2^2 patches x (4*1152 + 3*4304)
+    #   x 2 B = 1,220,513,280
+    assert plan.value("encoder_activation_bytes") == 1_220_513_280
+    # profile peak: max(decoder, encoder, sampler 9 x 120,818 x 32 = 34,795,584) = 1,220,513,280
+    assert plan.value("activation_bytes") == 1_220_513_280
     # reserves (vLLM 0.33): non-torch 0.3 GiB 322,122,547 + CUDA graphs 536,870,912 = 858,993,459
     assert plan.value("reserve_bytes") == 858_993_459
-    # non-KV: 1,992,416,224 + 610,256,640 + 16,777,216 encoder cache + 858,993,459 = 3,478,443,539
+    # non-KV: 1,992,416,224 + 1,220,513,280 + 16,777,216 encoder cache + 858,993,459 = 4,088,700,179
     # KV per token: 2 * 24 layers * 8 kv heads * 128 * 2 B = 98,304
-    # KV tokens: (22,844,591,308 - 3,478,443,539) // 98,304 = 197,002 -> whole 16-token blocks: 196,992
+    # KV tokens: (22,844,591,308 - 4,088,700,179) // 98,304 = 190,795 -> whole 16-token blocks: 190,784
     # pages: 9 x 20875 = 187,875 fit; 10 x 20875 = 208,750 do not
     assert plan.value("kv_bytes_per_token") == 98_304
     assert plan.value("seqs_by_memory") == 9
     assert plan.value("max_num_seqs") == 9
-    assert plan.value("kv_tokens") == 196_992
+    assert plan.value("kv_tokens") == 190_784
     argv = plan.argv()
     assert argv[:3] == ["vllm", "serve", "tencent/HunyuanOCR"]
     assert _flag(argv, "--max-num-seqs") == "9"
@@ -94,15 +96,16 @@ def test_olmocr2_on_a100_80g():
     # usable: CUDA's 79.26 GiB = 81,162 MiB x 0.9 = 76,594,072,780
     # weights: 8,292,166,656 * 2 = 16,584,333,312
     # decoder activation: 8192 * (4*3584 + 3*18944) * 2 = 8192 * 71168 * 2 = 1,166,016,512
-    # encoder: 8192 // 2116 = 3 pages profiled at once: 3 * 2116 * 4 * (4*1280 + 3*3420) * 2 = 781,057,920
-    # non-KV: 16,584,333,312 + 1,166,016,512 + 58,720,256 + 858,993,459 = 18,668,063,539
-    # KV tokens: (76,594,072,780 - 18,668,063,539) // 57,344 = 1,010,150 -> blocks of 16: 1,010,144
+    # encoder: 8192 // 2116 = 3 pages profiled at once: 2 layers x 3 x 2116 x 4 x (4*1280 + 3*3420) x 2
+    #   = 1,562,115,840 (above the decoder's)
+    # non-KV: 16,584,333,312 + 1,562,115,840 + 58,720,256 + 858,993,459 = 19,064,162,867
+    # KV tokens: (76,594,072,780 - 19,064,162,867) // 57,344 = 1,003,241 -> blocks of 16: 1,003,232
     # pages: 96 x 10427 = 1,000,992 fit, 97 x 10427 = 1,011,419 do not
     assert plan.value("usable_bytes") == 76_594_072_780
     assert plan.value("lm_activation_bytes") == 1_166_016_512
-    assert plan.value("encoder_activation_bytes") == 781_057_920
+    assert plan.value("encoder_activation_bytes") == 1_562_115_840
     assert plan.value("max_num_seqs") == 96
-    assert plan.value("kv_tokens") == 1_010_144
+    assert plan.value("kv_tokens") == 1_003_232
     argv = plan.argv()
     assert (_flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("96", "10427")
     assert json.loads(_flag(argv, "--mm-processor-kwargs")) == {"min_pixels": 3136, "max_pixels": 1_658_944}
@@ -118,16 +121,16 @@ def test_paddleocr_vl_on_rtx_3060_12g():
     assert plan.value("page_tokens") == 11833
     # usable: CUDA's 11.76 GiB = 12,042 MiB x 0.9 = 11,364,256,972
     # weights: 905,601,648 * 2 = 1,811,203,296
-    # encoder: 8192 // 3600 = 2 pages: 2 * 3600 * 4 * (4*1152 + 3*4304) * 2 = 1,009,152,000 (> decoder 218,103,808)
-    # non-KV: 1,811,203,296 + 1,009,152,000 + 16,777,216 + 858,993,459 = 3,696,125,971
-    # KV tokens: (11,364,256,972 - 3,696,125,971) // 18,432 = 416,024 -> blocks of 16: 416,016
-    # pages: 35 x 11833 = 414,155 fit, 36 x 11833 = 425,988 do not
+    # encoder: 8192 // 3600 = 2 pages: 2 layers x 2 x 3600 x 4 x (4*1152 + 3*4304) x 2 = 2,018,304,000
+    # non-KV: 1,811,203,296 + 2,018,304,000 + 16,777,216 + 858,993,459 = 4,705,277,971
+    # KV tokens: (11,364,256,972 - 4,705,277,971) // 18,432 = 361,272 -> blocks of 16: 361,264
+    # pages: 30 x 11833 = 354,990 fit, 31 x 11833 = 366,823 do not
     assert plan.value("usable_bytes") == 11_364_256_972
-    assert plan.value("encoder_activation_bytes") == 1_009_152_000
-    assert plan.value("max_num_seqs") == 35
-    assert plan.value("kv_tokens") == 416_016
+    assert plan.value("encoder_activation_bytes") == 2_018_304_000
+    assert plan.value("max_num_seqs") == 30
+    assert plan.value("kv_tokens") == 361_264
     argv = plan.argv()
-    assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "35"
+    assert "--trust-remote-code" in argv and _flag(argv, "--max-num-seqs") == "30"
 
 
 def test_p95_target_caps_max_num_seqs():
@@ -136,7 +139,7 @@ def test_p95_target_caps_max_num_seqs():
     # a step may stream 20 s / 2048 * (360e9 B/s * 0.8) = 2,812,500,000 B
     # B <= (2,812,500,000 - 1,811,203,296 weights) / (4665 * 18,432 B) = 1,001,296,704 / 85,985,280 = 11.6
     assert plan.value("seqs_by_p95") == 11
-    assert plan.value("max_num_seqs") == 11  # min(memory 35, p95 11)
+    assert plan.value("max_num_seqs") == 11  # min(memory 30, p95 11)
     with pytest.raises(PlanError, match="out of reach"):
         # one page alone: 2048 * (1,811,203,296 + 85,985,280) / 288e9 = 13.5 s > 10 s
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), p95_seconds=10)
@@ -173,7 +176,7 @@ def test_page_too_big_suggests_a_smaller_budget():
 
 
 def test_requested_max_num_seqs_beyond_memory_fails():
-    with pytest.raises(PlanError, match="memory holds 35 pages"):
+    with pytest.raises(PlanError, match="memory holds 30 pages"):
         plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=64)
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"), max_num_seqs=8)
     assert plan.value("max_num_seqs") == 8
@@ -264,13 +267,13 @@ def test_renderers():
     plan = plan_serving(get_model("PaddlePaddle/PaddleOCR-VL"), lookup("RTX 3060"))
     assert shlex.split(render_argv(plan)) == plan.argv()
     data = json.loads(render_json(plan))
-    assert data["vllm_args"]["max_num_seqs"] == 35 and data["argv"] == plan.argv()
+    assert data["vllm_args"]["max_num_seqs"] == 30 and data["argv"] == plan.argv()
     assert {s["key"] for s in data["steps"]} >= {"weights_bytes", "kv_bytes_per_token", "max_num_seqs"}
     assert yaml.safe_load(render_yaml(plan)) == data
     console = Console(record=True, width=250)
     console.print(render_table(plan))
     text = console.export_text()
-    assert "KV cache per token" in text and "18.00 KiB" in text and "--max-num-seqs 35" in text
+    assert "KV cache per token" in text and "18.00 KiB" in text and "--max-num-seqs 30" in text
     assert "[https://" in text  # sources survive Rich markup
 
 
@@ -288,7 +291,7 @@ def test_cli_plan_formats_and_errors():
         ["plan", "--profile", "", "--gpu", "RTX 3060", "--model", "PaddlePaddle/PaddleOCR-VL", "--format", "json"],
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 35
+    assert json.loads(result.stdout)["vllm_args"]["max_num_seqs"] == 30
     result = runner.invoke(
         _cli(), ["plan", "--profile", "", "--gpu", "rtx-4090d", "--max-pixels", str(2048 * 2048), "--format", "argv"]
     )

@@ -113,7 +113,7 @@ def test_a_max_model_len_that_does_not_fit_is_predicted_to_fail_as_vllm_says():
     fits = predict_startup(
         HUNYUAN, lookup("RTX 3060"), max_model_len=20_875, max_num_seqs=2, max_num_batched_tokens=8192
     )
-    assert fits.error is None and fits.max_concurrency >= 2
+    assert fits.error is None and fits.max_concurrency > 1
 
 
 def test_compare_defaults_shows_what_vllms_own_defaults_would_do():

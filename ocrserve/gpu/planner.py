@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ocrserve.gpu.registry import GIB, GPUS, GpuSpec
 from ocrserve.gpu.vllm_versions import NEWEST, Accounting, VersionError, accounting_for, installed_version
@@ -67,13 +67,27 @@ NCCL_RESERVE = GIB // 8
 the KV cache by releases that snapshot memory before initializing them
 (:attr:`~ocrserve.gpu.vllm_versions.Accounting.charges_nccl`). The same logs at tensor parallel 2
 show 0.117 GiB more non-KV memory per GPU than at 1."""
+ENCODER_LIVE_LAYERS = 2
+"""Vision-encoder layers' working sets alive at the profile's peak, estimate: vLLM keeps the dummy
+encoder outputs of every patch while the next layer runs. Calibrated on the one multimodal start-up
+log with a known model and GPU (dots.ocr on an RTX 3090, vLLM 0.11.1, one 14,400-token image
+profiled): 4.06 GiB of profile peak where one layer's working set, ``patches x (4 x hidden + 3 x
+intermediate) x 2 B``, is 2.02 GiB."""
 ACTIVATION_BYTES = 2
 """Activations are computed in the model dtype (bf16/fp16: 2 bytes)."""
 SAMPLER_BYTES_PER_LOGIT = 8
-"""Sampler, bytes per vocabulary entry per sequence: fp32 logits (4) plus fp32 probabilities (4)
-(vLLM's sampler upcasts logits to float32 before softmax, ``vllm/v1/sample/sampler.py``). vLLM's
-profile run samples ``min(max_num_batched_tokens, max_num_seqs)`` dummy sequences
-(``gpu_model_runner.py`` ``_dummy_sampler_run``), so this peak grows with ``--max-num-seqs``."""
+"""Sampler with FlashInfer's top-k/top-p kernels, bytes per vocabulary entry per sequence: fp32
+logits (4) plus fp32 probabilities (4) (vLLM's sampler upcasts logits to float32 before softmax,
+``vllm/v1/sample/sampler.py``). vLLM's profile run samples ``min(max_num_batched_tokens,
+max_num_seqs)`` dummy sequences (``gpu_model_runner.py`` ``_dummy_sampler_run``), so this peak
+grows with ``--max-num-seqs``. Fits the 0.10.1.1 logs that say "Using FlashInfer for top-p & top-k
+sampling" (``tests/data/vllm_startup_logs.json``)."""
+NATIVE_SAMPLER_BYTES_PER_LOGIT = 32
+"""The same with PyTorch's own top-k/top-p (``topk_topp_sampler.py`` ``forward_native``, used where
+vLLM logs "FlashInfer is not available"): a sort of the logits adds fp32 values, int64 indices and
+the cumulative probabilities. Estimate: fitted on the start-up logs that print that warning (256
+sequences: 30-31 B per logit; 1024 sequences: up to 50), rounded down to keep 128-sequence logs
+within 10%. The planner plans with it, as it cannot know which the target has."""
 KV_CACHE_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 """Bytes per KV element of each ``--kv-cache-dtype`` (``None``: the model's dtype); fp8 is stored as
 uint8 (``vllm/utils/torch_utils.py`` ``STR_DTYPE_TO_TORCH_DTYPE``)."""
@@ -214,12 +228,24 @@ class Engine:
         kv_cache_dtype: ``--kv-cache-dtype`` (a key of :data:`KV_CACHE_DTYPE_BYTES`).
         enforce_eager: ``--enforce-eager``: no CUDA graphs.
         max_num_batched_tokens: a given ``--max-num-batched-tokens``; ``None`` = the planner's.
+        flashinfer_sampler: vLLM samples with FlashInfer's top-k/top-p kernels (a smaller profile
+            peak); the planner assumes not.
     """
 
     accounting: Accounting
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     max_num_batched_tokens: int | None = None
+    flashinfer_sampler: bool = False
+
+    @property
+    def sampler(self) -> str:
+        return "FlashInfer" if self.flashinfer_sampler else "PyTorch"
+
+    @property
+    def sampler_bytes_per_logit(self) -> int:
+        """:data:`SAMPLER_BYTES_PER_LOGIT` with FlashInfer's sampler, else :data:`NATIVE_SAMPLER_BYTES_PER_LOGIT`."""
+        return SAMPLER_BYTES_PER_LOGIT if self.flashinfer_sampler else NATIVE_SAMPLER_BYTES_PER_LOGIT
 
     def reserves(self, shards: int) -> int:
         """Bytes the release charges to the KV cache besides weights and the profile's peak:
@@ -318,7 +344,7 @@ def _memory(
     weights = model.weights_bytes // (tp * pp)
     lm = batched * (4 * model.hidden_size + 3 * model.intermediate_size) * act // tp
     patches = budget.visual * model.merge_size**2
-    per_page = patches * (4 * model.vision_hidden_size + 3 * model.vision_intermediate_size) * act
+    per_page = ENCODER_LIVE_LAYERS * patches * (4 * model.vision_hidden_size + 3 * model.vision_intermediate_size) * act
     cache = max(batched, budget.visual) * model.hidden_size * act if budget.visual else 0
     kv_heads = math.ceil(model.num_kv_heads / tp)
     layers = math.ceil(model.num_layers / pp)
@@ -331,7 +357,7 @@ def _memory(
         encoder_per_page=per_page,
         encoder_pages=encoder_items(batched, budget.visual),
         encoder_cache=cache,
-        sampler_per_seq=model.vocab_size * SAMPLER_BYTES_PER_LOGIT,
+        sampler_per_seq=model.vocab_size * engine.sampler_bytes_per_logit,
         kv_per_token=2 * layers * kv_heads * model.head_dim * kv_bytes,
         reserves=engine.reserves(tp * pp),
     )
@@ -497,7 +523,8 @@ def _memory_steps(
             "vision-encoder activation peak (estimate)",
             mem.encoder_activation(seqs),
             "bytes",
-            f"{items} page(s) x {budget.visual} visual tokens x {model.merge_size}^2 patches x {venc} = "
+            f"{ENCODER_LIVE_LAYERS} layers x {items} page(s) x {budget.visual} visual tokens x {model.merge_size}^2 "
+            f"patches x {venc} = "
             f"{gib(mem.encoder_activation(seqs))} (vLLM profiles min(max_num_seqs, its encoder budget "
             f"max({mem.batched_tokens}, {budget.visual}) tokens / one page) of its largest image)",
         ),
@@ -506,8 +533,8 @@ def _memory_steps(
             "sampler buffers per sequence",
             mem.sampler_per_seq,
             "bytes",
-            f"vocab {model.vocab_size:,} x {SAMPLER_BYTES_PER_LOGIT} B (fp32 logits + probabilities); the profile "
-            f"samples {sampled} sequences: {gib(sampled * mem.sampler_per_seq)}",
+            f"vocab {model.vocab_size:,} x {engine.sampler_bytes_per_logit} B ({engine.sampler} top-k/top-p); the "
+            f"profile samples {sampled} sequences: {gib(sampled * mem.sampler_per_seq)}",
         ),
         Step(
             "activation_bytes",
@@ -1021,12 +1048,14 @@ def predict_startup(
     enforce_eager: bool = False,
     vllm_version: str | None = None,
     max_pixels: int | None = None,
+    flashinfer_sampler: bool = False,
 ) -> Startup:
     """Predict vLLM's start-up arithmetic for ``vllm serve`` with these flags (the same terms the
     planner plans with): the KV cache it would size and whether it would start at all.
 
     The vision encoder is profiled at the largest page ``max_pixels`` allows (default: the
-    model's), as vLLM does with ``--mm-processor-kwargs``.
+    model's), as vLLM does with ``--mm-processor-kwargs``; ``flashinfer_sampler`` says which
+    top-k/top-p sampler vLLM profiles (its start-up log tells).
 
     Raises:
         PlanError: a release the planner does not follow, or an unknown ``kv_cache_dtype``.
@@ -1036,7 +1065,7 @@ def predict_startup(
         "enforce_eager": enforce_eager,
         "kv_cache_dtype": kv_cache_dtype,
     }
-    engine = _engine(vllm_version, overrides)
+    engine = replace(_engine(vllm_version, overrides), flashinfer_sampler=flashinfer_sampler)
     budget = _budget(model, None, max_pixels, None)
     mem = _memory(
         model, gpu, gpu_memory_utilization, budget, engine, tp=tensor_parallel_size, pp=pipeline_parallel_size

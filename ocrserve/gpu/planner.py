@@ -799,8 +799,9 @@ def plan_serving(
             )
         seqs, why = max_num_seqs, f"requested {max_num_seqs} (memory allows {fit})"
     kv_tokens = mem.kv_tokens(seqs)
+    page_steps = 5  # the release and the page's tokens come first, then the memory that holds them
+    steps[page_steps:page_steps] = _memory_steps(model, gpu, util, mem, budget, engine, seqs, shards)
     steps += [
-        *_memory_steps(model, gpu, util, mem, budget, engine, seqs, shards),
         Step("max_num_seqs", "--max-num-seqs", seqs, "seqs", why + " (per replica)"),
         Step(
             "kv_tokens",

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from ocrserve.cli import plan as plan_cli
 from ocrserve.cli.plan_render import render_argv, render_json, render_table, render_yaml
-from ocrserve.gpu.planner import PlanError, plan_serving
+from ocrserve.gpu.planner import VIDEO_ARCHITECTURES, PlanError, plan_serving
 from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.models import get_model
 
@@ -374,8 +374,9 @@ def test_planned_argv_parses_with_vllms_own_parser():
         ("allenai/olmOCR-2-7B-1025", "RTX 3060", 2),
         ("Qwen/Qwen3-VL-8B-Instruct", "H100", 1),
     ]
-    for model, gpu, count in cases:
-        plan = plan_serving(get_model(model), lookup(gpu), gpus=count)
+    eager_fp8 = {"kv_cache_dtype": "fp8", "enforce_eager": True}
+    for model, gpu, count, overrides in [(*case, {}) for case in cases] + [(*cases[-1], eager_fp8)]:
+        plan = plan_serving(get_model(model), lookup(gpu), gpus=count, overrides=overrides)
         argv = plan.argv()
         assert argv[:2] == ["vllm", "serve"]
         args = parser.parse_args(argv[2:])
@@ -384,7 +385,14 @@ def test_planned_argv_parses_with_vllms_own_parser():
         assert args.max_num_seqs == plan.value("max_num_seqs")
         assert args.max_model_len == plan.value("max_model_len")
         assert args.max_num_batched_tokens == plan.value("max_num_batched_tokens")
-        assert args.limit_mm_per_prompt == {"image": 1}
+        video = {"video": 0} if plan.model.architecture in VIDEO_ARCHITECTURES else {}
+        assert args.limit_mm_per_prompt == {"image": 1, **video}
+        assert (args.max_num_queued_reqs, args.max_num_queued_tokens) == (
+            plan.vllm_args["max_num_queued_reqs"],
+            plan.vllm_args["max_num_queued_tokens"],
+        )
+        if overrides:
+            assert (args.kv_cache_dtype, args.enforce_eager) == ("fp8", True)
         assert args.scheduling_policy == "priority"
         assert args.enable_prefix_caching is False and args.mm_processor_cache_gb == 0
         if plan.model.supports_pixel_budget:

@@ -66,7 +66,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ocrserve.gpu.planner import Plan, PlanError, gib, plan_serving
+from ocrserve.gpu.memory import gib
+from ocrserve.gpu.planner import Plan, PlanError, plan_serving
 from ocrserve.gpu.registry import MIB, DetectedGpu, GpuError, GpuSpec, match_detected, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, ModelError, ModelSpec, get_model
 

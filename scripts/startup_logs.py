@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrserve.gpu.planner import Startup, predict_startup
+from ocrserve.gpu.memory import Startup, predict_startup
 from ocrserve.gpu.registry import GIB, GpuSpec, lookup
 from ocrserve.models import ModelSpec, get_model
 

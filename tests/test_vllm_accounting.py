@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from ocrserve.cli import app
 from ocrserve.gpu.defaults import compare_defaults
-from ocrserve.gpu.planner import CUDA_GRAPH_RESERVE, NCCL_RESERVE, PlanError, plan_serving, predict_startup
+from ocrserve.gpu.memory import CUDA_GRAPH_RESERVE, NCCL_RESERVE, predict_startup
+from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.gpu.vllm_versions import accounting_for, parse_version
 from ocrserve.models import get_model

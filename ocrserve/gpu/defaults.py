@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ocrserve.gpu.planner import Plan, Startup, predict_startup
+from ocrserve.gpu.memory import Startup, predict_startup
+from ocrserve.gpu.planner import Plan
 from ocrserve.gpu.vllm_versions import accounting_for
 
 

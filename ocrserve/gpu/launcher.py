@@ -40,7 +40,8 @@ from ocrserve import backoff
 from ocrserve.api import create_app
 from ocrserve.api.protocol import GatewayProtocol
 from ocrserve.config import Config, VllmConfig
-from ocrserve.gpu.planner import DEFAULT_GPU_MEMORY_UTILIZATION, Plan, plan_serving
+from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
 from ocrserve.models import get_model
 

@@ -73,11 +73,11 @@ def gpu_spec(record: dict) -> GpuSpec:
 
 
 def replay(record: dict, configs: dict, folder: Path) -> Replay:
-    """Predict the record's start-up with its own flags (``None`` for weights-only records, which
-    are compared on weights alone)."""
+    """Predict the record's start-up with its own flags (weights-only records are compared on their
+    weights alone)."""
     flags = record["flags"]
     spec = model_spec(record["model"], configs, folder)
-    if "kv" not in record["checks"]:
+    if record["checks"] == ["weights"]:
         tp = flags.get("tensor_parallel_size", 1)
         weights_only = Startup("", spec.weights_bytes // tp, 0, 0, 0, 1, 1, 1, None)
         return Replay(record, weights_only)
@@ -114,7 +114,7 @@ def _pct(value: float | None) -> str:
 def table(replays: list[Replay]) -> str:
     """A markdown table of the replays and a line with the median and worst errors."""
     lines = [
-        "| model | GPU | vLLM | flags | weights GiB (planned / logged) | KV tokens (planned / logged) |",
+        "| model | GPU | vLLM | flags | weights GiB (planned / logged) | KV tokens (planned / logged), or start-up |",
         "|---|---|---|---|---|---|",
     ]
     for rep in replays:
@@ -125,15 +125,24 @@ def table(replays: list[Replay]) -> str:
             for k, v in flags.items()
             if v not in ("auto", False) and not (k == "tensor_parallel_size" and v == 1)
         )
-        kv = (
-            f"{start.kv_tokens:,} / {logged['kv_tokens']:,} ({_pct(rep.kv_error)})" if rep.kv_error is not None else "-"
+        if "failure" in rec["checks"]:
+            kv = "refused, as vLLM did" if start.error else "**not refused**"
+        elif rep.kv_error is not None:
+            kv = f"{start.kv_tokens:,} / {logged['kv_tokens']:,} ({_pct(rep.kv_error)})"
+        else:
+            kv = "-"
+        weights = (
+            f"{start.weights / GIB:.2f} / {logged['weights_gib']:.2f} ({_pct(rep.weights_error)})"
+            if logged["weights_gib"]
+            else f"{start.weights / GIB:.2f} / -"
         )
-        weights = f"{start.weights / GIB:.2f} / {logged['weights_gib']:.2f} ({_pct(rep.weights_error)})"
         gpu = rec["gpu"] or rec["gpu_logged"]
         lines.append(f"| [{rec['model']}]({rec['url']}) | {gpu} | {rec['vllm_version']} | {shown} | {weights} | {kv} |")
     kv_errors = [abs(r.kv_error) for r in replays if r.kv_error is not None]
     w_errors = [abs(r.weights_error) for r in replays if r.weights_error is not None]
+    failures = [r for r in replays if "failure" in r.record["checks"]]
     lines.append("")
+    lines.append(f"Failed start-ups: {sum(bool(r.startup.error) for r in failures)} of {len(failures)} refused.")
     lines.append(
         f"KV tokens: {len(kv_errors)} logs, median error {statistics.median(kv_errors):.1%}, "
         f"worst {max(kv_errors):.1%}; weights: {len(w_errors)} logs, median {statistics.median(w_errors):.1%}, "

@@ -45,10 +45,13 @@ def test_the_file_holds_enough_public_logs_each_with_its_source():
 @pytest.mark.parametrize(("index", "record"), CHECKED, ids=[f"{i}-{r['model']}" for i, r in CHECKED])
 def test_a_logged_start_up_is_predicted(tmp_path, index, record):
     replay = startup_logs.replay(record, DATA["configs"], tmp_path)
-    assert abs(replay.weights_error) <= 0.03, f"weights {replay.weights_error:+.1%}: {record['url']}"
+    if "weights" in record["checks"]:
+        assert abs(replay.weights_error) <= 0.03, f"weights {replay.weights_error:+.1%}: {record['url']}"
     if "kv" in record["checks"]:
         assert abs(replay.kv_error) <= 0.10, f"KV tokens {replay.kv_error:+.1%}: {record['url']}"
-        assert (replay.startup.error is not None) == record["logged"]["failed"], replay.startup.error
+        assert replay.startup.error is None, replay.startup.error
+    if "failure" in record["checks"]:  # vLLM refused this start-up: so does the planner
+        assert record["logged"]["failed"] and replay.startup.error, record["url"]
 
 
 def test_the_script_prints_the_table_and_the_errors(capsys):
@@ -56,4 +59,5 @@ def test_the_script_prints_the_table_and_the_errors(capsys):
     startup_logs.main()
     out = capsys.readouterr().out
     assert "| model | GPU | vLLM | flags |" in out
-    assert "KV tokens: 16 logs, median error" in out and "weights: 21 logs" in out
+    assert "KV tokens: 16 logs, median error" in out and "weights: 23 logs" in out
+    assert "Failed start-ups: 4 of 4 refused." in out

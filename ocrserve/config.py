@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -221,7 +222,16 @@ class OnnxEngineConfig(Section):
 
 Auto = Literal["auto"]
 """A value the planner fills in (``ocrserve plan`` / the launcher)."""
-Count = Annotated[int, Field(ge=1)]
+
+
+def _not_bool(value: object) -> object:
+    """Refuse ``true``/``false`` where a number belongs (pydantic would read them as 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -396,7 +406,9 @@ class VllmConfig(Section):
     scheduling_policy: Literal["priority", "fcfs"] | Auto = Field(
         "auto", description="auto = priority (lanes pass their priority on); fcfs ignores it"
     )
-    dtype: str = Field("auto", description="Model dtype; auto = checkpoint's, half on GPUs without bf16")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="Model dtype (vLLM's --dtype); auto = the checkpoint's, half on GPUs without bf16"
+    )
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="KV-cache element type; fp8 halves the bytes per token (auto = the model's dtype)"
     )

@@ -172,7 +172,7 @@ def test_nested_text_config_fields_are_named_by_their_path(tmp_path):
         (
             "model.safetensors.index.json",
             {"metadata": {"total_size": "7 GB"}, "weight_map": {}},
-            "metadata.total_size: expected a positive integer (bytes), got '7 GB'",
+            "metadata.total_size: expected a positive integer of bytes up to 1 PiB, got '7 GB'",
         ),
         ("model.safetensors.index.json", {"metadata": {"total_size": -1}}, "metadata.total_size: expected a positive"),
         ("model.safetensors.index.json", {"metadata": {"total_size": [1]}}, "metadata.total_size: expected a positive"),
@@ -261,12 +261,22 @@ def test_numeric_total_size_spellings_are_accepted(tmp_path, total):
 
 def test_safetensors_files_sized_without_an_index(tmp_path):
     _write(tmp_path, "config.json", LLAMA_31_8B)
-    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 3000)
-    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 1000)
-    (tmp_path / "consolidated.safetensors").write_bytes(b"\0" * 4000)  # Mistral's second layout: skipped
+    sizes = {"model-00001-of-00002.safetensors": 10_000_000_000, "model-00002-of-00002.safetensors": 6_060_000_000}
+    for name, size in {**sizes, "consolidated.safetensors": 16_060_000_000}.items():  # Mistral's second layout
+        with open(tmp_path / name, "wb") as fh:
+            fh.truncate(size)  # sparse: the size without the disk
     spec = get_model(str(tmp_path))
-    assert spec.weight_bytes == 4000 and spec.parameters == 2000
+    assert spec.weight_bytes == 16_060_000_000 and spec.parameters == 8_030_000_000
     assert "2 safetensors file(s)" in spec.sources["weight_bytes"]
+
+
+def test_weight_files_far_smaller_than_the_config_are_refused(tmp_path):
+    _write(tmp_path, "config.json", LLAMA_31_8B)
+    (tmp_path / "model.safetensors").write_bytes(b"\0\0")
+    with pytest.raises(
+        ModelError, match=r"1 safetensors file\(s\) in .*, 2 bytes: 2 bytes of weights, under 50% of the .* a truncated"
+    ):
+        get_model(str(tmp_path))
 
 
 def test_mistral_sliding_window_is_a_note(tmp_path):

@@ -36,6 +36,22 @@ def test_versions_the_planner_does_not_follow_are_refused(text, message):
         plan_serving(HUNYUAN, lookup("L4"), vllm_version=text)
 
 
+def test_a_release_older_than_the_model_needs_is_refused_and_a_newer_one_is_flagged():
+    with pytest.raises(PlanError, match=r"tencent/HunyuanOCR needs vLLM >= 0.18.1 .*; planning for 0.10.2"):
+        plan_serving(HUNYUAN, lookup("L4"), vllm_version="0.10.2")
+    newer = plan_serving(HUNYUAN, lookup("L4"), vllm_version="0.40.0")
+    assert newer.vllm_version == "0.40.0"
+    assert any("newer than 0.33.0, the newest release the planner has read" in w for w in newer.warnings)
+
+
+def test_dtype_overrides_are_what_vllm_loads():
+    with pytest.raises(PlanError, match="T4 16G has no bfloat16"):
+        plan_serving(HUNYUAN, lookup("T4"), overrides={"dtype": "bfloat16"})
+    fp32 = plan_serving(HUNYUAN, lookup("L4"), overrides={"dtype": "float32"})
+    assert fp32.value("weights_bytes") == 2 * plan_serving(HUNYUAN, lookup("L4")).value("weights_bytes")
+    assert fp32.value("kv_bytes_per_token") == 2 * 98_304 and "--dtype" in fp32.argv()
+
+
 def test_each_release_charges_what_its_code_charges():
     boundaries = {
         "0.10.2": (True, False, False),  # NCCL after the snapshot; graphs after the KV cache; no queue bound
@@ -71,9 +87,9 @@ def test_graphs_are_charged_only_by_releases_that_estimate_them_before_the_kv_ca
 
 
 def test_nccl_is_charged_at_tensor_parallel_before_0_11():
-    model = get_model("allenai/olmOCR-2-7B-1025")
-    before = plan_serving(model, lookup("RTX 3060"), gpus=2, vllm_version="0.10.2")
-    after = plan_serving(model, lookup("RTX 3060"), gpus=2, vllm_version="0.11.0")
+    model = get_model("Qwen/Qwen2.5-VL-7B-Instruct")  # served since vLLM 0.7.2
+    before = plan_serving(model, lookup("RTX 3060"), gpus=4, vllm_version="0.10.2")
+    after = plan_serving(model, lookup("RTX 3060"), gpus=4, vllm_version="0.11.0")
     assert before.strategy == after.strategy == "tensor"
     assert before.value("reserve_bytes") - after.value("reserve_bytes") == NCCL_RESERVE
 
@@ -141,7 +157,8 @@ def test_plan_cli_compare_defaults_and_vllm_version():
     data = json.loads(
         runner.invoke(app, ["plan", "--gpu", "RTX 3060", "--compare-defaults", "--format", "json"]).stdout
     )
-    assert [row["flag"] for row in data] == [
+    assert (data["vllm_version"], data["model"], data["gpu"]) == ("0.33.0", "tencent/HunyuanOCR", "RTX 3060 12G")
+    assert [row["flag"] for row in data["defaults"]] == [
         "--max-model-len",
         "--max-num-seqs",
         "--max-num-batched-tokens",
@@ -151,3 +168,25 @@ def test_plan_cli_compare_defaults_and_vllm_version():
     assert old.exit_code == 0 and json.loads(old.stdout)["vllm_version"] == "0.18.1"
     refused = runner.invoke(app, ["plan", "--gpu", "L4", "--vllm-version", "0.8.5"])
     assert refused.exit_code == 2 and "older than 0.9.1" in refused.stderr
+
+
+def test_a_plain_decoder_folder_plans_as_text_only(tmp_path):
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = plan_serving(get_model(str(tmp_path)), lookup("H100"), vllm_version="0.10.2")
+    assert plan.value("visual_tokens") == 0 and plan.value("kv_bytes_per_token") == 131_072
+    assert plan.value("encoder_activation_bytes") == 0
+    argv = plan.argv()
+    assert "--limit-mm-per-prompt" not in argv and "--mm-processor-kwargs" not in argv
+    result = CliRunner().invoke(app, ["plan", "--profile", "", "--model", str(tmp_path), "--gpu", "H100"])
+    assert result.exit_code == 0, result.output

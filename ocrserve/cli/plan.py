@@ -186,7 +186,13 @@ def _print_defaults(plan: Plan, fmt: Format) -> None:
     if fmt is Format.table:
         Console().print(render_defaults(plan, rows))
     elif fmt is Format.json:
-        typer.echo(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+        data = {
+            "vllm_version": plan.vllm_version,
+            "model": plan.model.id,
+            "gpu": plan.gpu.name,
+            "defaults": [dataclasses.asdict(row) for row in rows],
+        }
+        typer.echo(json.dumps(data, indent=2))
     else:
         raise _fail("--compare-defaults prints a table or --format json")
 

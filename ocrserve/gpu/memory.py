@@ -254,6 +254,13 @@ def memory_for(
 
 
 def page_budget(model: ModelSpec, min_pixels: int | None, max_pixels: int | None, max_tokens: int | None) -> Budget:
+    """One page's token budget: pixel bounds (default: the model's), output tokens, visual tokens at
+    the bounds and the prompt.
+
+    Raises:
+        PlanError: ``max_pixels`` below ``min_pixels`` or below one visual token (``factor^2``),
+            or ``max_tokens`` below 1.
+    """
     lo = min_pixels if min_pixels is not None else model.min_pixels
     hi = max_pixels if max_pixels is not None else model.max_pixels
     if not model.supports_pixel_budget:
@@ -263,6 +270,8 @@ def page_budget(model: ModelSpec, min_pixels: int | None, max_pixels: int | None
         raise PlanError(f"max_pixels {hi:,} is below min_pixels {lo:,}: a page could not satisfy both")
     if out < 1:
         raise PlanError(f"max_tokens must be >= 1, got {out}")
+    if hi is not None and hi < model.factor**2:
+        raise PlanError(f"max_pixels {hi:,} is below one visual token ({model.factor} x {model.factor} px)")
     return Budget(lo, hi, out, model.max_visual_tokens(lo, hi), model.prompt_tokens())
 
 

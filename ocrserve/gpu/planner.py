@@ -29,6 +29,7 @@ from ocrserve.gpu.memory import (
     CUDA_GRAPH_RESERVE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     ENCODER_LIVE_LAYERS,
+    KV_CACHE_DTYPE_BYTES,
     MIN_BATCHED_TOKENS,
     NCCL_RESERVE,
     NON_TORCH_RESERVE,
@@ -44,6 +45,7 @@ from ocrserve.gpu.memory import (
 )
 from ocrserve.gpu.registry import GPUS, GpuSpec
 from ocrserve.gpu.vllm_versions import NEWEST, installed_version
+from ocrserve.gpu.vllm_versions import release as vllm_release
 from ocrserve.models import TEXT, ModelSpec
 from ocrserve.preprocess import geometry
 
@@ -179,6 +181,8 @@ def _p95_cap(model: ModelSpec, gpu: GpuSpec, mem: Memory, budget: Budget, target
     ``P95_OUTPUT_TOKENS x step(B)``. Prefill (one compute-bound pass over the page's visual tokens,
     typically well under 10% of an OCR page's time) is not modelled.
     """
+    if not math.isfinite(target):
+        raise PlanError(f"--p95 must be a finite number of seconds, got {target}")
     if gpu.bandwidth_bytes_per_s <= 0:
         raise PlanError(
             f"--p95 needs the GPU's memory bandwidth, which is unknown for {gpu.name!r}; name a registry GPU with --gpu"
@@ -271,7 +275,7 @@ def _memory_steps(
         f" + NCCL {gib(NCCL_RESERVE)} (charged by vLLM {release})" if shards and engine.accounting.charges_nccl else ""
     )
     late_graphs = not (engine.enforce_eager or engine.accounting.charges_cuda_graphs)
-    kv_bytes = mem.kv_per_token // max(1, 2 * model.num_layers * model.num_kv_heads * model.head_dim)
+    kv_bytes = KV_CACHE_DTYPE_BYTES[engine.kv_cache_dtype] or model.dtype_bytes
     graphs = (
         f"charged: vLLM {release} estimates the graph pool before sizing the KV cache"
         if engine.graphs_charged
@@ -481,6 +485,8 @@ def plan_serving(
     warnings: list[str] = []
     _check_factor(model, factor, warnings)
     engine = engine_for(vllm_version, overrides or {})
+    _check_release(model, engine, warnings)
+    model = _with_dtype(model, gpu, (overrides or {}).get("dtype"))
     check_headroom(gpu, gpu_memory_utilization, engine)
     budget = page_budget(model, min_pixels, max_pixels, max_tokens)
     if model.max_pixels and budget.max_pixels and budget.max_pixels > model.max_pixels:
@@ -611,6 +617,8 @@ def plan_serving(
 
 
 def _visual_derivation(model: ModelSpec, budget: Budget) -> str:
+    if model.token_formula == TEXT:
+        return "a text-only model: no image"
     if not model.supports_pixel_budget:
         t = model.tiles
         cols, rows = geometry.worst_tiling(
@@ -748,3 +756,32 @@ def _admission(args: dict[str, object], engine: Engine, budget: Budget, in_fligh
             f"{reqs} pages x ({budget.visual} visual + {budget.prompt} prompt) prefill tokens",
         ),
     ]
+
+
+def _check_release(model: ModelSpec, engine: Engine, warnings: list[str]) -> None:
+    """Refuse a release older than the model needs (the registry's ``min_vllm``); warn about one
+    newer than the planner has read (its rules are taken as the newest's)."""
+    release = engine.accounting.version
+    if release < vllm_release(model.min_vllm):
+        raise PlanError(
+            f"{model.id} needs vLLM >= {model.min_vllm} [{model.sources.get('min_vllm', 'registry')}]; "
+            f"planning for {engine.accounting.name}"
+        )
+    if release > vllm_release(NEWEST):
+        warnings.append(
+            f"vLLM {engine.accounting.name} is newer than {NEWEST}, the newest release the planner has read; "
+            f"planned with {NEWEST}'s start-up accounting"
+        )
+
+
+def _with_dtype(model: ModelSpec, gpu: GpuSpec, dtype: object) -> ModelSpec:
+    """``model`` as ``--dtype`` loads it: ``float32``/``float`` doubles an unquantized bf16 model's
+    weights and KV bytes; ``bfloat16`` on a GPU without it is what vLLM refuses
+    (``vllm/platforms/cuda.py`` ``check_if_supports_dtype``)."""
+    if dtype in (None, "auto", "half", "float16"):
+        return model
+    if dtype == "bfloat16" and not gpu.bf16:
+        raise PlanError(f"vllm.dtype=bfloat16: {gpu.name} has no bfloat16 (compute capability below 8.0); use half")
+    if dtype in ("float32", "float") and not model.quantization:
+        return model.with_overrides(dtype="float32", weight_bytes=0)
+    return model

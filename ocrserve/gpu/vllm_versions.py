@@ -29,16 +29,25 @@ class VersionError(ValueError):
     """A vLLM version the planner cannot read, or one older than :data:`OLDEST`."""
 
 
-def parse_version(text: str) -> tuple[int, int, int]:
+def release(text: str) -> tuple[int, int, int]:
     """``"0.10.1.1"``, ``"0.15.2rc1.dev93+g11a4c9d30"`` -> ``(0, 10, 1)``: the release's first three numbers.
 
     Raises:
-        VersionError: no ``X.Y`` at the start, or a release older than :data:`OLDEST`.
+        VersionError: no ``X.Y`` at the start.
     """
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
     if not match:
         raise VersionError(f"vLLM version {text!r} is not X.Y.Z")
-    version = (int(match[1]), int(match[2]), int(match[3] or 0))
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """:func:`release`, for a release the planner follows.
+
+    Raises:
+        VersionError: no ``X.Y`` at the start, or a release older than :data:`OLDEST`.
+    """
+    version = release(text)
     if version < OLDEST:
         raise VersionError(
             f"vLLM {text} is older than {'.'.join(map(str, OLDEST))}, the first release whose start-up memory "

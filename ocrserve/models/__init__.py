@@ -79,7 +79,11 @@ def get_model(name: str) -> ModelSpec:
             (``/``, ``.`` or ``~`` first) that is no folder, or a folder without ``config.json``.
     """
     path = Path(name).expanduser()
-    if (path / "config.json").is_file():
+    try:
+        has_config = (path / "config.json").is_file()
+    except OSError as exc:  # an unreadable folder, a symlink loop
+        raise ModelError(f"{name!r}: cannot read the folder: {exc.strerror or exc}") from None
+    if has_config:
         return from_local(path)
     if path.is_dir():
         raise ModelError(f"{name!r} holds no config.json, so it is no model folder")
@@ -110,6 +114,11 @@ def estimate_parameters(text: Mapping[str, Any], vision: Mapping[str, Any] | Non
     )
 
 
+MIN_STORED_SHARE = 0.5
+"""Stored weights below this share of what the config's sizes imply are refused: such a folder is
+truncated or a placeholder (estimates are within about 1% of real checkpoints)."""
+
+
 def _weights(ckpt: checkpoint.Checkpoint, dtype: str) -> tuple[int, int, str, str]:
     """``(parameters, weight_bytes, parameters source, weight_bytes source)`` of a local folder.
 
@@ -120,9 +129,15 @@ def _weights(ckpt: checkpoint.Checkpoint, dtype: str) -> tuple[int, int, str, st
     them) or, without files, :func:`checkpoint.weight_bytes` at the method's packing.
     """
     size, cfg, quant, stored = DTYPE_BYTES[dtype], ckpt.config_path, ckpt.quantization, ckpt.stored
+    estimate = checkpoint.estimate_parameters(ckpt.text, ckpt.vision)
+    expected = estimate * size if quant is None else checkpoint.weight_bytes(ckpt.text, ckpt.vision, size, quant)
+    if stored is not None and stored.bytes < expected * MIN_STORED_SHARE:
+        raise ModelError(
+            f"{stored.source}: {stored.bytes:,} bytes of weights, under {MIN_STORED_SHARE:.0%} of the "
+            f"{expected:,} that {cfg}'s sizes imply: a truncated or placeholder checkpoint"
+        )
     if quant is None and stored is not None:
         return stored.bytes // size, stored.bytes, f"{stored.source} / {size} ({dtype})", stored.source
-    estimate = checkpoint.estimate_parameters(ckpt.text, ckpt.vision)
     if quant is None:
         counted = f"estimated from {cfg} (embeddings + layers + vision blocks; no weight files)"
         return estimate, 0, counted, f"parameters x {size} B ({dtype}); no weight files"
@@ -176,8 +191,14 @@ def _pixel_bounds(ckpt: checkpoint.Checkpoint, template: ModelSpec) -> tuple[int
 
 
 def _vision_spec(ckpt: checkpoint.Checkpoint, template: ModelSpec) -> ModelSpec:
-    """A VLM folder: numbers from its files, the recipe of the registry entry of its ``model_type``."""
+    """A VLM folder: numbers from its files, the recipe of the registry entry of its ``model_type``.
+
+    Raises:
+        ModelError: no ``vision_config`` (the encoder's weights and activation would be left out).
+    """
     text, vision, cfg = ckpt.text, ckpt.vision, str(ckpt.config_path)
+    if "vision_config" not in ckpt.top_keys:
+        raise ModelError(f"{cfg}: vision_config: missing; a {ckpt.model_type} checkpoint has a vision encoder")
     fields = checkpoint.text_fields(text, template.max_position_embeddings)
     if text.intermediate_size is None:
         fields["intermediate_size"] = template.intermediate_size
@@ -207,6 +228,8 @@ def _vision_spec(ckpt: checkpoint.Checkpoint, template: ModelSpec) -> ModelSpec:
     )
 
 
+TEXT_MIN_VLLM = "0.9.1"
+"""The lowest vLLM a plain decoder needs, as far as the planner goes (see its source in the spec)."""
 TEXT_RECIPE_KEYS = (
     "prompts",
     "sampling",
@@ -214,7 +237,6 @@ TEXT_RECIPE_KEYS = (
     "prompt_prefix",
     "system_prompt",
     "image_first",
-    "min_vllm",
 )
 """Fields (and sources) a text-only local spec takes from the :data:`DEFAULT_MODEL` entry."""
 TEXT_VLLM_FLAGS = ("--no-enable-prefix-caching",)
@@ -259,6 +281,7 @@ def _text_spec(ckpt: checkpoint.Checkpoint) -> ModelSpec:
         profile_image=None,
         postprocess="",
         vllm_flags=TEXT_VLLM_FLAGS,
+        min_vllm=TEXT_MIN_VLLM,
         sources={
             **{k: f"{template.id}: {v}" for k, v in template.sources.items() if k in TEXT_RECIPE_KEYS},
             **dict.fromkeys(fields, cfg),
@@ -269,6 +292,8 @@ def _text_spec(ckpt: checkpoint.Checkpoint) -> ModelSpec:
             "token_formula": f"text-only: {cfg} model_type {ckpt.model_type!r} has no vision encoder (0 visual tokens)",
             "vllm_flags": "ocrserve: prefix caching off as in every registry recipe (single-use pages); "
             "no multimodal flags",
+            "min_vllm": "llama, mistral and qwen2 are in every vLLM V1 release; qwen3 since 0.8.4, before the "
+            "first release the planner follows (0.9.1)",
         },
         notes="; ".join(notes),
     )

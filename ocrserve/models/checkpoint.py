@@ -55,8 +55,9 @@ from pydantic import (
 
 from ocrserve.models.spec import DTYPE_BYTES, ModelError
 
-Size = Annotated[StrictInt, Field(gt=0)]
-"""A size field: a JSON integer > 0 (no strings, floats, booleans or nulls)."""
+Size = Annotated[StrictInt, Field(gt=0, lt=2**31)]
+"""A size field: a JSON integer from 1 to 2^31 - 1 (no strings, floats, booleans or nulls; a
+larger layer count, width or vocabulary is no real model's)."""
 
 TEXT_KEYS = ("text_config", "language_config", "llm_config")
 """Keys under which VLM configs nest their decoder's sizes (Qwen3-VL, HunyuanOCR, InternVL ...)."""
@@ -252,14 +253,15 @@ class Preprocessor(_Open):
 
 
 def _total_size(value: object) -> int:
-    """``metadata.total_size``: an integer, an integral float or a string of digits, > 0 bytes."""
+    """``metadata.total_size``: an integer, an integral float or a string of digits, from 1 byte to
+    1 PiB (no model's weights are larger)."""
     ok = isinstance(value, int) and not isinstance(value, bool)
     if isinstance(value, float) and value.is_integer():
         value, ok = int(value), True
     elif isinstance(value, str) and value.strip().isdigit():
         value, ok = int(value.strip()), True
-    if not ok or value <= 0:
-        raise ValueError(f"expected a positive integer (bytes), got {_show(value)}")
+    if not ok or not 0 < value <= 2**50:
+        raise ValueError(f"expected a positive integer of bytes up to 1 PiB, got {_show(value)}")
     return value
 
 

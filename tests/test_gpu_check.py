@@ -7,7 +7,6 @@ planner's own numbers for the same plan.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,16 +17,13 @@ import pytest
 from ocrserve.gpu.planner import plan_serving
 from ocrserve.gpu.registry import lookup
 from ocrserve.models import get_model
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 def test_no_gpu_exits_2_with_one_line():

@@ -8,24 +8,13 @@ other architectures, models or GPUs the log does not name) stay in the file with
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "startup_logs.py"
+from tests.scripts import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("startup_logs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["startup_logs"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-startup_logs = _load_script()
+startup_logs = load_script("startup_logs")
 DATA = startup_logs.load()
 CHECKED = [(i, r) for i, r in enumerate(DATA["records"]) if r["checks"]]
 

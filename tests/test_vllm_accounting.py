@@ -18,6 +18,7 @@ from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import GpuSpec, lookup
 from ocrserve.gpu.vllm_versions import accounting_for, parse_version
 from ocrserve.models import get_model
+from tests.test_checkpoint import LLAMA_31_8B
 
 HUNYUAN = get_model("tencent/HunyuanOCR")
 
@@ -171,17 +172,7 @@ def test_plan_cli_compare_defaults_and_vllm_version():
 
 
 def test_a_plain_decoder_folder_plans_as_text_only(tmp_path):
-    config = {
-        "model_type": "llama",
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "torch_dtype": "bfloat16",
-    }
+    config = LLAMA_31_8B
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = plan_serving(get_model(str(tmp_path)), lookup("H100"), vllm_version="0.10.2")
     assert plan.value("visual_tokens") == 0 and plan.value("kv_bytes_per_token") == 131_072

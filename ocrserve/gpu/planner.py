@@ -612,7 +612,7 @@ def plan_serving(
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
     in_flight = math.ceil(seqs * (gpus if strategy == "replicas" else 1) * gateway_overcommit) + gateway_burst
     steps += _admission(args, engine, budget, in_flight)
-    _apply_overrides(args, overrides or {}, model, mem, budget, kv_tokens, warnings)
+    _apply_overrides(args, overrides or {}, model, budget, kv_tokens)
     return Plan(model, gpu, gpus, strategy, args, model.vllm_flags, steps, warnings, engine.accounting.name)
 
 
@@ -684,10 +684,8 @@ def _apply_overrides(
     args: dict[str, object],
     overrides: Mapping[str, object],
     model: ModelSpec,
-    mem: Memory,
     budget: Budget,
     kv_tokens: int,
-    warnings: list[str],
 ) -> None:
     """Put the operator's engine arguments into ``args``, refusing what vLLM would refuse or one
     page cannot live with: below one page's tokens, or a ``max_model_len`` above the model's

@@ -75,8 +75,7 @@ def launch(
     try:
         create_engine(config)  # loads nothing: a bad engine section fails here, not in the server
     except ValueError as exc:
-        err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     typer.echo("gateway: " + shlex.join(gateway_command(config)))
     if not dry_run:
         try:
@@ -90,8 +89,7 @@ def _launch_with_vllm(config: Config, dry_run: bool) -> None:
         plan = plan_for(config)
     except (ModelError, GpuError, PlanError) as exc:
         hint = " For ocrserve launch: --set vllm.gpu=NAME or --set vllm.gpu_memory_gib=GIB." * isinstance(exc, GpuError)
-        err_console.print(f"error: {exc}{hint}", highlight=False, markup=False, style="bold red")
-        raise typer.Exit(2) from None
+        raise _fail(f"{exc}{hint}", 2) from None
     Console().print(render_table(plan))
     typer.echo("vLLM:    " + shlex.join(vllm_command(config, plan)))
     typer.echo("gateway: " + shlex.join(gateway_command(gateway_config(config, plan))))
@@ -103,6 +101,6 @@ def _launch_with_vllm(config: Config, dry_run: bool) -> None:
         raise _fail(exc) from None
 
 
-def _fail(exc: Exception) -> typer.Exit:
+def _fail(exc: Exception | str, code: int = 1) -> typer.Exit:
     err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
-    return typer.Exit(1)
+    return typer.Exit(code)

@@ -118,7 +118,7 @@ def plan(
         typer.Option(
             "--compare-defaults",
             help="Show, flag by flag, what vLLM's own defaults would do to this model and page budget next to the "
-            "plan (start-up failure, chunked prefill, preemption); with --format json, the same as a list.",
+            "plan (start-up failure, chunked prefill, preemption); --format json for the same as JSON.",
         ),
     ] = False,
     set_: Overrides = None,

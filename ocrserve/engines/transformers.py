@@ -97,7 +97,8 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``; any other name as torch spells it.
 
     Raises:
-        ValueError: a name torch does not know, or a CUDA device torch cannot see.
+        ValueError: a name torch does not know, a CUDA device torch cannot see, or a device whose
+            backend this torch build lacks (``mps`` off a Mac): a one-element tensor is made on it.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -119,8 +120,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_attention(name: str) -> None:
-    """Refuse an ``attn_implementation`` transformers does not register (``AttentionInterface``),
-    or a flash-attention one whose package is not installed.
+    """Refuse an ``attn_implementation`` transformers does not register (``AttentionInterface``'s
+    mapping, the registry ``from_pretrained`` resolves names in; ``eager`` is built in), or a
+    flash-attention one whose package is not installed.
 
     Raises:
         ValueError: the message names the key.

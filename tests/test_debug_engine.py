@@ -107,7 +107,7 @@ def test_gateway_serves_the_tiny_model(debug_gateway, tiny):
 def test_an_engine_that_fails_to_load_is_reported_as_such_not_as_loading(tmp_path):
     folder = build_tiny_hunyuan(tmp_path / "model")
     for weights in folder.glob("*.safetensors"):
-        weights.write_bytes(b"not a safetensors file")  # found by the launch check, refused by the loader
+        weights.write_bytes(b"\xff" * weights.stat().st_size)  # as large as real weights, but no safetensors
     gw = Gateway(f"engine.model={folder}", profile="debug")
     try:
         deadline = time.monotonic() + 120

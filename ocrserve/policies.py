@@ -7,7 +7,8 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
 - :class:`FifoPolicy` (``router.mode: fifo``): one first-come-first-served queue for every lane,
   to measure what the lanes buy.
 - :class:`LanesPolicy` (``router.mode: lanes``): one queue per lane, ordered within the lane by
-  ``(priority, arrival)`` (lower priority value first, as in vLLM's ``PriorityRequestQueue``), and
+  ``(priority, request admitted, page)`` (lower priority value first, as in vLLM's
+  ``PriorityRequestQueue``; then the earlier request's pages, so requests finish in order), and
   *weighted deficit round robin* between the lanes (Shreedhar and Varghese, "Efficient fair
   queueing using deficit round robin", SIGCOMM 1995), with cost in pages or visual tokens: when
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
@@ -32,7 +33,7 @@ class Queued(Protocol):
 
     cost: int
     priority: int
-    seq: int
+    seq: tuple[int, int, int]
 
     @property
     def lane(self) -> Lane: ...
@@ -102,7 +103,7 @@ class PriorityQueue:
     """Pages of one lane, lowest ``(priority, seq)`` first (vLLM's ``PriorityRequestQueue`` order)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Queued]] = []
+        self._heap: list[tuple[int, tuple[int, int, int], Queued]] = []
 
     def push(self, ticket: Queued) -> None:
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))

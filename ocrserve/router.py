@@ -8,10 +8,11 @@ its recent drain rate, so nothing is accepted that cannot be queued.
 
 The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
-or one FIFO). The fast lane may run ``fast.burst_slots`` pages beyond the engine's slots, so an
-interactive page never waits for a bulk page to leave the engine; the engine's own stage priority
-(each page carries its :class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in
-flight.
+or one FIFO). Within a lane and a priority, a request's pages go before the pages of requests
+admitted after it, so documents sent together finish one after another. The fast lane may run
+``fast.burst_slots`` pages beyond the engine's slots, so an interactive page never waits for a bulk
+page to leave the engine; the engine's own stage priority (each page carries its
+:class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in flight.
 
 Each page carries its request's :class:`~ocrserve.work.WorkItem`. The router enforces its deadline
 on every page it holds: a page still queued when it passes is dropped before the engine (504); a
@@ -55,7 +56,10 @@ class Ticket:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
         priority: its order in the lane and in the engine (lower runs sooner).
         deadline: when it must be done, or None.
-        seq: arrival number, the tie-break between equal priorities.
+        seq: ``(request's admission number, page index, submission number)``, the order between
+            equal priorities (the last breaks ties between tries of one page): a
+            request's pages go before those of requests admitted after it, so requests sent
+            together finish one after another rather than all at the end.
         task: the engine call once dispatched.
     """
 
@@ -64,7 +68,7 @@ class Ticket:
     cost: int
     priority: Priority
     deadline: Deadline | None
-    seq: int
+    seq: tuple[int, int, int]
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
@@ -142,7 +146,8 @@ class Router:
         self.cfg = cfg
         self.lanes = {FAST: Lane(FAST, cfg.fast), BULK: Lane(BULK, cfg.bulk)}
         self.policy = create_policy(cfg.mode, self.lanes.values())
-        self._seq = itertools.count()
+        self._admitted = itertools.count()
+        self._submitted = itertools.count()
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
@@ -205,7 +210,7 @@ class Router:
             )
         if lane.reserved + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages)
-        reservation = Reservation(lane, pages)
+        reservation = Reservation(lane, pages, next(self._admitted))
         lane.requests += 1
         lane.publish()
         try:
@@ -251,7 +256,8 @@ class Router:
         work = self.with_lane_defaults(lane.name, work)
         deadline = work.deadline
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
-        ticket = Ticket(page, reservation, cost, work.priority, deadline, next(self._seq))
+        seq = (reservation.order, page.index, next(self._submitted))
+        ticket = Ticket(page, reservation, cost, work.priority, deadline, seq)
         self.policy.push(ticket)
         self._alarm.ring()
         try:
@@ -340,10 +346,12 @@ class Reservation:
     Args:
         lane: the lane.
         pages: pages reserved; added to ``lane.reserved`` now.
+        order: the request's admission number (its pages' place in the lane).
     """
 
-    def __init__(self, lane: Lane, pages: int):
+    def __init__(self, lane: Lane, pages: int, order: int):
         self.lane = lane
+        self.order = order
         self.left = pages
         lane.reserved += pages
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 
@@ -110,6 +111,25 @@ async def test_fast_burst_passes_bulk_in_flight(make_router):
     await run_tagged(router, FAST, "f0", blank(), done)  # runs beside it, ahead at every stage
     await bulk
     assert done == ["f0", "b0"]
+
+
+async def test_requests_sent_together_finish_one_after_another(make_router):
+    """Three 3-page requests whose pages arrive interleaved (as their decoding finishes) behind a
+    busy engine: each request's pages go before those of requests admitted after it."""
+    router = make_router()
+    done: list[str] = []
+    blocker = asyncio.create_task(run_tagged(router, BULK, "blocker", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)
+    async with contextlib.AsyncExitStack() as stack:
+        reservations = [await stack.enter_async_context(router.admit(BULK, 3)) for _ in "abc"]
+
+        async def page(request: int, index: int) -> None:
+            await router.submit(blank(index), reservations[request])
+            done.append(f"{'abc'[request]}{index}")
+
+        pages = [asyncio.create_task(page(r, i)) for i in range(3) for r in range(3)]  # a0 b0 c0 a1 ...
+        await asyncio.gather(blocker, *pages)
+    assert done == ["blocker", "a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2"]
 
 
 async def test_fifo_mode_keeps_arrival_order(make_router):

@@ -43,8 +43,8 @@ SLOTS_IN_USE = Gauge("ocrserve_engine_slots_in_use", "Pages in the engine now.")
 ENGINE_PAGES = Counter("ocrserve_engine_pages", "Pages handed to the engine, by lane.", ["lane"])
 REJECTIONS = Counter(
     "ocrserve_rejections",
-    "Requests or pages refused or dropped, by lane and reason (queue_full, deadline, cancelled, too_large, "
-    "rate_limited, tenant_quota).",
+    "Requests or pages refused or dropped, by lane and reason (queue_full, deadline_unmeetable, deadline, "
+    "cancelled, too_large, rate_limited, tenant_quota).",
     ["lane", "reason"],
 )
 ABORTED_PAGES = Counter(

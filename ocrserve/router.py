@@ -46,6 +46,8 @@ FAST, BULK = "fast", "bulk"
 DRAIN_WINDOW_S = 60.0
 #: Seconds between dispatch attempts while nothing wakes the dispatcher.
 RECHECK_S = 0.5
+#: Weight of the newest page in the moving average of a page's seconds in the engine.
+SERVICE_EWMA = 0.2
 
 
 @dataclass(eq=False)
@@ -72,6 +74,7 @@ class Ticket:
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
+    started: float = 0.0
 
     @property
     def lane(self) -> Lane:
@@ -151,6 +154,7 @@ class Router:
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
+        self.page_s: float | None = None  # moving average of a page's seconds in the engine
 
     @property
     def capacity(self) -> int:
@@ -191,7 +195,7 @@ class Router:
         return WorkItem(deadline=deadline, priority=priority, lane=lane_name)
 
     @contextlib.asynccontextmanager
-    async def admit(self, lane_name: str, pages: int) -> AsyncIterator[Reservation]:
+    async def admit(self, lane_name: str, pages: int, deadline: Deadline | None = None) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in a lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
@@ -199,7 +203,9 @@ class Router:
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
-            Overloaded: the lane's queue cannot take ``pages`` more now (503 or 429, ``Retry-After``).
+            Overloaded: the lane's queue cannot take ``pages`` more now (503 or 429, ``Retry-After``),
+                or the request could not finish before ``deadline`` (503, ``Retry-After`` from
+                :meth:`estimate_s`).
         """
         lane = self.lanes[lane_name]
         if pages > lane.cfg.queue_pages:
@@ -210,6 +216,8 @@ class Router:
             )
         if lane.reserved + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages)
+        if deadline is not None:
+            self._check_deadline(lane, pages, deadline)
         reservation = Reservation(lane, pages, next(self._admitted))
         lane.requests += 1
         lane.publish()
@@ -235,6 +243,32 @@ class Router:
         )
         problem.status = self.cfg.overload_status
         raise problem
+
+    def estimate_s(self, lane: Lane, pages: int) -> float | None:
+        """Seconds until ``pages`` more pages admitted to ``lane`` now would be done: the pages
+        ahead of them (the lane's queue, the fast lane's too for bulk, and those in the engine) and
+        their own, at the measured seconds a page takes in the engine over its slots
+        (``(ahead + pages) x page_s / capacity``). ``None`` before any page has been measured."""
+        if self.page_s is None:
+            return None
+        ahead = lane.reserved + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
+        return (ahead + pages) * self.page_s / self.capacity
+
+    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline) -> None:
+        """Refuse now what could not finish before ``deadline`` rather than accept it and time out."""
+        estimate, left = self.estimate_s(lane, pages), deadline.left()
+        if estimate is None or estimate <= left:
+            return
+        wait = max(1, math.ceil(estimate - left))
+        metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
+        raise Overloaded(
+            f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
+            f"{estimate:.0f} s of work would be ahead of and in it ({self.page_s:.2f} s a page over "
+            f"{self.capacity} engine slots); retry in {wait} s, or send it to be done asynchronously "
+            "(Prefer: respond-async, or POST /v1/jobs)",
+            slug="deadline-unmeetable",
+            headers={"Retry-After": str(wait)},
+        )
 
     def _overall_rate(self, now: float) -> float:
         return sum(lane.drain_rate(now) for lane in self.lanes.values())
@@ -315,6 +349,7 @@ class Router:
         metrics.SLOTS_IN_USE.set(self.in_flight)
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
         metrics.ENGINE_PAGES.labels(lane.name).inc()
+        ticket.started = time.monotonic()
         ticket.task = asyncio.create_task(self._run(ticket))
         self._running.add(ticket.task)
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
@@ -334,8 +369,11 @@ class Router:
         """The page left the engine (answered, failed or aborted): free its slot."""
         self._running.discard(task)
         ticket.lane.in_flight -= 1
-        if not task.cancelled():  # aborted pages say nothing of the lane's drain rate
-            ticket.lane.record_done(time.monotonic())
+        if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
+            now = time.monotonic()
+            ticket.lane.record_done(now)
+            seconds = now - ticket.started
+            self.page_s = seconds if self.page_s is None else self.page_s + SERVICE_EWMA * (seconds - self.page_s)
         metrics.SLOTS_IN_USE.set(self.in_flight)
         self._alarm.ring()
 

@@ -178,17 +178,16 @@ def test_a_client_that_stops_sending_its_body_gets_408():
         assert httpx.post(gw.url + "/v1/ocr", files={"file": ("a.tif", tif)}, timeout=60).status_code == 200
 
 
-def test_deadline_passed_is_504(http):
-    big = samples.encode(samples.phototest().resize((1920, 1440)), "PNG")
-    assert_problem(post_file(http, big, timeout="0.01"), 504, "timeout=0.01")
-
-
-def test_deadline_stops_the_decoding_of_a_long_document(http):
-    """A 60-page PDF with a 0.05 s timeout: 504, and its decoding stops there; most pages never
-    reach the engine (before, every page was rendered first and the 504 came after)."""
+def test_a_deadline_too_short_for_the_work_is_refused_at_admission(http):
+    """Once the router has measured a page, a request that cannot finish within its timeout gets
+    503 with Retry-After before any of it is decoded or queued (issue 13), not a 504 later: a
+    60-page PDF with 0.05 s sends no page to the engine."""
+    assert post_file(http, (DATA / "phototest.tif").read_bytes()).status_code == 200  # a measured page
     before = engine_pages(http)
-    assert_problem(post_file(http, samples.blank_pdf(60), timeout="0.05"), 504, "timeout=0.05")
-    assert engine_pages(http) - before < 60
+    refused = post_file(http, samples.blank_pdf(60), timeout="0.05")
+    assert_problem(refused, 503, r"cannot finish 60 page\(s\) within the request's 0 s")
+    assert int(refused.headers["retry-after"]) >= 1
+    assert engine_pages(http) == before
 
 
 def test_metrics_count_requests(http):

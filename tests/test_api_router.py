@@ -87,18 +87,24 @@ def test_full_lane_503_with_computed_retry_after_then_recovers(gw, http):
     assert http.post("/v1/ocr", files={"file": ("a", tif)}).status_code == 200
 
 
-def test_deadline_passed_while_queued_is_504_and_skips_engine(gw, http):
+def test_a_deadline_that_cannot_be_met_is_refused_at_once_and_skips_engine(gw, http):
+    """Behind a 6-page request on the only slot, a page with 0.3 s to live cannot finish: it gets
+    503 with Retry-After at admission (issue 13), not a 504 after waiting for nothing."""
     busy = background_post(gw.url, six_page_tiff())
     wait_metric(http, "ocrserve_engine_slots_in_use", 1)
     engine_fast = metric(http, "ocrserve_engine_pages_total", lane="fast")
-    drops = metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline")
+    refusals = metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline_unmeetable")
+    started = time.monotonic()
     refused = http.post(
         "/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "0.3"}
     )
-    assert_problem(refused, 504, "timeout=0.3")
+    seconds = time.monotonic() - started
     busy.join()
+    body = assert_problem(refused, 503, r"cannot finish 1 page\(s\) within the request's 0 s")
+    assert body["type"].endswith("/deadline-unmeetable") and "Prefer: respond-async" in body["detail"]
+    assert int(refused.headers["retry-after"]) >= 1 and seconds < 2  # refused, not waited on
     assert metric(http, "ocrserve_engine_pages_total", lane="fast") == engine_fast
-    assert metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline") == drops + 1
+    assert metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline_unmeetable") == refusals + 1
 
 
 def test_client_disconnect_drops_queued_pages(gw, http):

@@ -132,6 +132,29 @@ async def test_requests_sent_together_finish_one_after_another(make_router):
     assert done == ["blocker", "a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2"]
 
 
+async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admission(make_router):
+    router = make_router()
+    async with router.admit(FAST, 1, Deadline.after(0.001)) as reservation:  # nothing measured yet: admitted
+        await router.submit(text_page(), reservation)
+    assert router.page_s > 0
+    queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
+    await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
+    estimate = router.estimate_s(router.lanes[BULK], 2)
+    assert estimate == pytest.approx((3 + 1 + 2) * router.page_s / router.capacity)
+    started = time.monotonic()
+    with pytest.raises(Overloaded) as refused:
+        async with router.admit(BULK, 2, Deadline.after(estimate / 2)):
+            pass
+    assert time.monotonic() - started < 0.1  # at once, not after waiting
+    problem = refused.value
+    assert problem.status == 503 and problem.slug == "deadline-unmeetable"
+    wait = max(1, math.ceil(estimate - estimate / 2))  # the deadline's seconds left shrink as it runs
+    assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
+    async with router.admit(BULK, 2, Deadline.after(estimate * 4)) as reservation:  # time enough: admitted
+        assert reservation.left == 2
+    await asyncio.gather(*queued)
+
+
 async def test_fifo_mode_keeps_arrival_order(make_router):
     router = make_router(mode="fifo")
     done: list[str] = []

@@ -31,7 +31,8 @@ _problem_docs = {
         415: "unsupported or undecodable file",
         422: "the document exhausts or kills its decoding process (memory or time limit)",
         429: "the key's rate limit, or the address's failed authentications; see Retry-After",
-        503: "engine not ready, lane full, or (Prefer: respond-async) the job store failing; see Retry-After",
+        503: "engine not ready, lane full, the timeout too short for the work ahead (deadline-unmeetable), or "
+        "(Prefer: respond-async) the job store failing; see Retry-After",
         504: "deadline passed",
         507: "(Prefer: respond-async) the data folder is full: the job cannot be kept",
     }.items()

@@ -371,6 +371,11 @@ class RouterConfig(Section):
     overload_status: Literal[429, 503] = 503
     cost: Literal["pages", "visual_tokens"] = Field("pages", description="What the lanes' weights count")
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
+    fair_by: Literal["address", "header", "off"] = Field(
+        "address",
+        description="Whom the lanes share the engine between: the API key's tenant, else the client address, or "
+        "the X-Client-Id header (header: trust it behind your own proxy only); off = admission order alone",
+    )
     fast: FastLaneConfig = Field(default_factory=FastLaneConfig)
     bulk: BulkLaneConfig = Field(default_factory=BulkLaneConfig)
 

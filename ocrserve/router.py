@@ -81,6 +81,11 @@ class Ticket:
         """The lane the page was admitted to."""
         return self.reservation.lane
 
+    @property
+    def client(self) -> str:
+        """Whom the page's request is for (the lanes share the engine between clients)."""
+        return self.reservation.client
+
 
 class Lane:
     """A bounded queue of tickets with its scheduling state and drain-rate history.
@@ -192,14 +197,17 @@ class Router:
         if deadline is None and cfg.timeout_s:
             deadline = Deadline.after(cfg.timeout_s)
         priority = Priority(cfg.priority if work.priority is None else work.priority)
-        return WorkItem(deadline=deadline, priority=priority, lane=lane_name)
+        return WorkItem(deadline=deadline, priority=priority, lane=lane_name, client=work.client)
 
     @contextlib.asynccontextmanager
-    async def admit(self, lane_name: str, pages: int, deadline: Deadline | None = None) -> AsyncIterator[Reservation]:
+    async def admit(
+        self, lane_name: str, pages: int, deadline: Deadline | None = None, client: str = ""
+    ) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in a lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
-        on exit.
+        on exit. ``client`` names whom the request is for: the lane shares the engine between
+        clients (:class:`~ocrserve.policies.FairQueue`).
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
@@ -218,7 +226,7 @@ class Router:
             self._refuse(lane, pages)
         if deadline is not None:
             self._check_deadline(lane, pages, deadline)
-        reservation = Reservation(lane, pages, next(self._admitted))
+        reservation = Reservation(lane, pages, next(self._admitted), client)
         lane.requests += 1
         lane.publish()
         try:
@@ -385,11 +393,13 @@ class Reservation:
         lane: the lane.
         pages: pages reserved; added to ``lane.reserved`` now.
         order: the request's admission number (its pages' place in the lane).
+        client: whom the request is for (``""``: one shared client).
     """
 
-    def __init__(self, lane: Lane, pages: int, order: int):
+    def __init__(self, lane: Lane, pages: int, order: int, client: str = ""):
         self.lane = lane
         self.order = order
+        self.client = client
         self.left = pages
         lane.reserved += pages
 

@@ -92,7 +92,7 @@ class OcrService:
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
             work = self.router.with_lane_defaults(lane, work)  # the lane's default deadline runs from admission
-            async with self.router.admit(lane, len(indices), work.deadline) as reservation:
+            async with self.router.admit(lane, len(indices), work.deadline, work.client) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, work)
         for attempt in attempts:
             self.pipeline.count_final(attempt)

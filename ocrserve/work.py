@@ -98,8 +98,11 @@ class WorkItem:
             own priority.
         lane: ``fast`` or ``bulk`` when the client chose, or None to choose by size
             (``router.fast.max_pages``, ``router.fast.max_pixels``).
+        client: whom the request is for (``router.fair_by``); its lane shares the engine between
+            clients. ``""``: one shared client.
     """
 
     deadline: Deadline | None = None
     priority: Priority | None = None
     lane: str | None = None
+    client: str = ""

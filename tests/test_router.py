@@ -155,6 +155,43 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     await asyncio.gather(*queued)
 
 
+async def test_one_clients_queue_delays_another_clients_page_by_about_one_page(make_router):
+    """Client A queues 6 pages behind a busy engine, then client B sends one page: B's page goes
+    after at most one more of A's (least service first), not after all six."""
+    router = make_router()
+    done: list[str] = []
+    blocker = asyncio.create_task(run_tagged(router, BULK, "blocker", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)
+
+    async def client_pages(client: str, pages: int) -> None:
+        async with router.admit(BULK, pages, client=client) as reservation:
+
+            async def one(index: int) -> None:
+                await router.submit(blank(index), reservation)
+                done.append(f"{client}{index}")
+
+            await asyncio.gather(*(one(i) for i in range(pages)))
+
+    a = asyncio.create_task(client_pages("a", 6))
+    await wait_until(lambda: router.lanes[BULK].reserved == 6)
+    b = asyncio.create_task(client_pages("b", 1))
+    await asyncio.gather(blocker, a, b)
+    # level service, A first by admission; then B, who has had less; then the rest of A's, in order
+    assert done == ["blocker", "a0", "b0", "a1", "a2", "a3", "a4", "a5"]
+
+
+async def test_one_client_keeps_admission_order(make_router):
+    router = make_router()
+    done: list[str] = []
+    blocker = asyncio.create_task(run_tagged(router, BULK, "blocker", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)
+    first = asyncio.create_task(run_tagged(router, BULK, "a0", blank(), done))
+    await wait_until(lambda: router.lanes[BULK].reserved == 1)
+    second = asyncio.create_task(run_tagged(router, BULK, "a1", blank(1), done))  # same (shared) client
+    await asyncio.gather(blocker, first, second)
+    assert done == ["blocker", "a0", "a1"]
+
+
 async def test_fifo_mode_keeps_arrival_order(make_router):
     router = make_router(mode="fifo")
     done: list[str] = []

@@ -331,3 +331,28 @@ def test_failed_authentications_are_limited_per_address(client):
     assert alpha.get("/v1/models").status_code == 429  # a right guess now would not show
     time.sleep(int(answer.headers["retry-after"]))
     assert alpha.get("/v1/models").status_code == 200
+
+
+def test_whom_the_lanes_share_the_engine_between():
+    from starlette.requests import Request
+
+    from ocrserve.api.auth import PRINCIPAL_ATTRIBUTE, client_of
+    from ocrserve.api.tenants import Principal
+
+    def request(headers: dict[str, str] | None = None, tenant: str | None = None) -> Request:
+        scope = {
+            "type": "http",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+            "client": ("203.0.113.7", 5000),
+        }
+        req = Request(scope)
+        if tenant:
+            setattr(req.state, PRINCIPAL_ATTRIBUTE, Principal(tenant, "ab" * 32, None, 0))
+        return req
+
+    assert client_of(request(), "address") == "address:203.0.113.7"
+    assert client_of(request({"X-Client-Id": "batch-7"}), "address") == "address:203.0.113.7"  # not trusted
+    assert client_of(request({"X-Client-Id": "batch-7"}), "header") == "client:batch-7"
+    assert client_of(request({"X-Client-Id": "x" * 500}), "header") == "client:" + "x" * 128
+    assert client_of(request({"X-Client-Id": "batch-7"}, tenant="acme"), "header") == "tenant:acme"
+    assert client_of(request(tenant="acme"), "off") == ""

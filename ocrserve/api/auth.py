@@ -58,6 +58,25 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+#: The header a client may name itself with (``router.fair_by: header``).
+CLIENT_ID_HEADER = "x-client-id"
+#: Characters of a client's name kept (it labels nothing; it only has to tell clients apart).
+CLIENT_ID_CHARS = 128
+
+
+def client_of(request: Request, fair_by: str) -> str:
+    """Whom the router shares the engine between, for ``router.fair_by``: the request's tenant when
+    API keys are on; else ``X-Client-Id`` (with ``header``) or the client address; ``""`` (one
+    client) with ``off``."""
+    if fair_by == "off":
+        return ""
+    principal = getattr(request.state, PRINCIPAL_ATTRIBUTE, None)
+    if principal is not None and principal.key_sha256:
+        return "tenant:" + principal.tenant
+    named = request.headers.get(CLIENT_ID_HEADER, "").strip() if fair_by == "header" else ""
+    return "client:" + named[:CLIENT_ID_CHARS] if named else "address:" + client_address(request)
+
+
 class Gate:
     """Authentication and rate limits of one gateway process (its buckets are in memory).
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Request, UploadFile
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ocrserve.api.auth import require_api_key
+from ocrserve.api.auth import client_of, require_api_key
 from ocrserve.api.disconnect import until_disconnect
 from ocrserve.api.jobs import accept_job
 from ocrserve.api.params import IdempotencyKey, OcrParams, PreferHeader, ocr_params, prefers_async, render
@@ -85,7 +86,8 @@ async def ocr(
         return await accept_job(request, uploads, params.as_job(), idempotency_key, respond_async=True)
     require_ready(request)
     data = await document_bytes(request, file)
-    work = request.app.state.service.ocr(data, pages=params.pages, work=params.work_item())
+    client = client_of(request, request.app.state.config.router.fair_by)
+    work = request.app.state.service.ocr(data, pages=params.pages, work=replace(params.work_item(), client=client))
     try:
         result, cached = await until_disconnect(request, work)
     except DeadlinePassed as late:

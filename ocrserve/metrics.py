@@ -27,6 +27,20 @@ ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and w
 # Router (lanes, admission, dispatch)
 QUEUED_PAGES = Gauge("ocrserve_queued_pages", "Pages admitted to a lane and not yet in the engine.", ["lane"])
 QUEUE_DEPTH = Gauge("ocrserve_queue_depth", "Requests admitted to a lane and not yet finished.", ["lane"])
+ACTIVE_CLIENTS = Gauge(
+    "ocrserve_lane_active_clients", "Clients (router.fair_by) with a request admitted to a lane.", ["lane"]
+)
+ADMISSION_ESTIMATE_ERROR = Histogram(
+    "ocrserve_admission_estimate_error_seconds",
+    "An admitted request's seconds minus the router's estimate at admission (negative: done sooner).",
+    ["lane"],
+    buckets=(-60, -30, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 30, 60),
+)
+ADMITTED_DEADLINE_MISSES = Counter(
+    "ocrserve_admitted_deadline_misses",
+    "Requests admitted with a deadline that still passed before they finished (the estimate was wrong).",
+    ["lane"],
+)
 QUEUE_WAIT_SECONDS = Histogram(
     "ocrserve_queue_wait_seconds",
     "Seconds a page waited in its lane for an engine slot.",

@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -101,6 +101,7 @@ class Lane:
         self.reserved = 0  # pages admitted and not yet dispatched or released
         self.requests = 0  # admitted requests not yet finished
         self.in_flight = 0
+        self._clients: Counter[str] = Counter()  # admitted requests per client
         self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
 
     @property
@@ -123,10 +124,25 @@ class Lane:
         span = max(now - self._done[0], 1.0)
         return len(self._done) / span
 
+    def enter(self, client: str) -> None:
+        """A request of ``client`` was admitted."""
+        self.requests += 1
+        self._clients[client] += 1
+        self.publish()
+
+    def leave(self, client: str) -> None:
+        """A request of ``client`` finished (or went away)."""
+        self.requests -= 1
+        self._clients[client] -= 1
+        if not self._clients[client]:
+            del self._clients[client]
+        self.publish()
+
     def publish(self) -> None:
         """Export this lane's queue figures to Prometheus."""
         metrics.QUEUED_PAGES.labels(self.name).set(self.reserved)
         metrics.QUEUE_DEPTH.labels(self.name).set(self.requests)
+        metrics.ACTIVE_CLIENTS.labels(self.name).set(len(self._clients))
 
 
 def retry_after_s(waiting_pages: int, drain_rate: float, fallback_rate: float) -> int:
@@ -224,17 +240,18 @@ class Router:
             )
         if lane.reserved + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages)
+        estimate = self.estimate_s(lane, pages)
         if deadline is not None:
-            self._check_deadline(lane, pages, deadline)
+            self._check_deadline(lane, pages, deadline, estimate)
         reservation = Reservation(lane, pages, next(self._admitted), client)
-        lane.requests += 1
-        lane.publish()
+        admitted = time.monotonic()
+        lane.enter(client)
         try:
             yield reservation
         finally:
             reservation.release(reservation.left)
-            lane.requests -= 1
-            lane.publish()
+            lane.leave(client)
+            self._account(lane, admitted, estimate, deadline)
 
     def _refuse(self, lane: Lane, pages: int) -> None:
         now = time.monotonic()
@@ -262,9 +279,10 @@ class Router:
         ahead = lane.reserved + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
         return (ahead + pages) * self.page_s / self.capacity
 
-    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline) -> None:
-        """Refuse now what could not finish before ``deadline`` rather than accept it and time out."""
-        estimate, left = self.estimate_s(lane, pages), deadline.left()
+    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float | None) -> None:
+        """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
+        it, :meth:`estimate_s`) rather than accept it and time out."""
+        left = deadline.left()
         if estimate is None or estimate <= left:
             return
         wait = max(1, math.ceil(estimate - left))
@@ -277,6 +295,16 @@ class Router:
             slug="deadline-unmeetable",
             headers={"Retry-After": str(wait)},
         )
+
+    @staticmethod
+    def _account(lane: Lane, admitted: float, estimate: float | None, deadline: Deadline | None) -> None:
+        """How an admitted request's time compared with its admission estimate, and whether it
+        still missed its deadline (``ocrserve_admission_estimate_error_seconds``,
+        ``ocrserve_admitted_deadline_misses_total``)."""
+        if estimate is not None:
+            metrics.ADMISSION_ESTIMATE_ERROR.labels(lane.name).observe(time.monotonic() - admitted - estimate)
+        if deadline is not None and deadline.passed():
+            metrics.ADMITTED_DEADLINE_MISSES.labels(lane.name).inc()
 
     def _overall_rate(self, now: float) -> float:
         return sum(lane.drain_rate(now) for lane in self.lanes.values())

@@ -192,6 +192,28 @@ async def test_one_client_keeps_admission_order(make_router):
     assert done == ["blocker", "a0", "a1"]
 
 
+async def test_admissions_are_accounted_against_their_estimate_and_deadline(make_router):
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"lane": BULK}) or 0.0
+
+    router = make_router()
+    async with router.admit(BULK, 1) as reservation:  # measure a page first
+        await router.submit(text_page(), reservation)
+    estimates = sample("ocrserve_admission_estimate_error_seconds_count")
+    misses = sample("ocrserve_admitted_deadline_misses_total")
+    async with router.admit(BULK, 1, Deadline.after(30), client="x") as reservation:
+        assert sample("ocrserve_lane_active_clients") == 1
+        await router.submit(blank(), reservation)
+    assert sample("ocrserve_lane_active_clients") == 0
+    assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
+    assert sample("ocrserve_admitted_deadline_misses_total") == misses  # done in time
+    async with router.admit(BULK, 1, Deadline.after(router.page_s * 2), client="x"):
+        await asyncio.sleep(router.page_s * 3)  # admitted, then the request itself dawdles past its deadline
+    assert sample("ocrserve_admitted_deadline_misses_total") == misses + 1
+
+
 async def test_fifo_mode_keeps_arrival_order(make_router):
     router = make_router(mode="fifo")
     done: list[str] = []

@@ -371,6 +371,11 @@ class RouterConfig(Section):
     overload_status: Literal[429, 503] = 503
     cost: Literal["pages", "visual_tokens"] = Field("pages", description="What the lanes' weights count")
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
+    concurrency: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="Pages in the engine: fixed at slots x slot_overcommit, or adaptive: a limit up to that "
+        "which grows while pages take about their fastest time and shrinks when they queue in the engine",
+    )
     fair_by: Literal["address", "header", "off"] = Field(
         "address",
         description="Whom the lanes share the engine between: the API key's tenant, else the client address, or "

@@ -27,6 +27,10 @@ ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and w
 # Router (lanes, admission, dispatch)
 QUEUED_PAGES = Gauge("ocrserve_queued_pages", "Pages admitted to a lane and not yet in the engine.", ["lane"])
 QUEUE_DEPTH = Gauge("ocrserve_queue_depth", "Requests admitted to a lane and not yet finished.", ["lane"])
+CONCURRENCY_LIMIT = Gauge(
+    "ocrserve_engine_concurrency_limit",
+    "Pages the router keeps in the engine at most now (fixed, or following latency: router.concurrency).",
+)
 ACTIVE_CLIENTS = Gauge(
     "ocrserve_lane_active_clients", "Clients (router.fair_by) with a request admitted to a lane.", ["lane"]
 )

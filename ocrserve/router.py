@@ -37,6 +37,7 @@ from ocrserve.alarm import Alarm
 from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
+from ocrserve.limits import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import create_policy
 from ocrserve.work import Deadline, Priority, WorkItem
@@ -176,11 +177,19 @@ class Router:
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self.page_s: float | None = None  # moving average of a page's seconds in the engine
+        self.limiter = LatencyLimit(self.capacity) if cfg.concurrency == "adaptive" else None
+        metrics.CONCURRENCY_LIMIT.set(self.limit)
 
     @property
     def capacity(self) -> int:
         """Pages in flight in the engine at most."""
         return max(1, round(self.engine.slots * self.cfg.slot_overcommit))
+
+    @property
+    def limit(self) -> int:
+        """Pages the dispatcher keeps in the engine now: :attr:`capacity`, or with
+        ``router.concurrency: adaptive`` the latency-following limit (:mod:`ocrserve.limits`)."""
+        return self.limiter.limit if self.limiter else self.capacity
 
     @property
     def in_flight(self) -> int:
@@ -373,7 +382,7 @@ class Router:
         """A free slot, or for the fast lane one of its burst slots; nothing while the engine
         reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
         burst = self.cfg.fast.burst_slots if lane.name == FAST and self.policy.bursts else 0
-        if self.in_flight >= self.capacity + burst:
+        if self.in_flight >= self.limit + burst:
             return False
         return burst > 0 or not self.engine.saturated()
 
@@ -410,6 +419,9 @@ class Router:
             ticket.lane.record_done(now)
             seconds = now - ticket.started
             self.page_s = seconds if self.page_s is None else self.page_s + SERVICE_EWMA * (seconds - self.page_s)
+            if self.limiter:
+                self.limiter.record(seconds)
+                metrics.CONCURRENCY_LIMIT.set(self.limit)
         metrics.SLOTS_IN_USE.set(self.in_flight)
         self._alarm.ring()
 

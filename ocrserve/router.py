@@ -281,12 +281,12 @@ class Router:
     def estimate_s(self, lane: Lane, pages: int) -> float | None:
         """Seconds until ``pages`` more pages admitted to ``lane`` now would be done: the pages
         ahead of them (the lane's queue, the fast lane's too for bulk, and those in the engine) and
-        their own, at the measured seconds a page takes in the engine over its slots
-        (``(ahead + pages) x page_s / capacity``). ``None`` before any page has been measured."""
+        their own, at the measured seconds a page takes in the engine over the pages it runs at
+        once (``(ahead + pages) x page_s / limit``). ``None`` before any page has been measured."""
         if self.page_s is None:
             return None
         ahead = lane.reserved + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
-        return (ahead + pages) * self.page_s / self.capacity
+        return (ahead + pages) * self.page_s / self.limit
 
     def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float | None) -> None:
         """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
@@ -299,7 +299,7 @@ class Router:
         raise Overloaded(
             f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
             f"{estimate:.0f} s of work would be ahead of and in it ({self.page_s:.2f} s a page over "
-            f"{self.capacity} engine slots); retry in {wait} s, or send it to be done asynchronously "
+            f"{self.limit} pages in the engine at once); retry in {wait} s, or send it to be done asynchronously "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",
             headers={"Retry-After": str(wait)},

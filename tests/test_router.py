@@ -140,7 +140,7 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
     estimate = router.estimate_s(router.lanes[BULK], 2)
-    assert estimate == pytest.approx((3 + 1 + 2) * router.page_s / router.capacity)
+    assert estimate == pytest.approx((3 + 1 + 2) * router.page_s / router.limit)
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
         async with router.admit(BULK, 2, Deadline.after(estimate / 2)):

@@ -136,12 +136,12 @@ class FairQueue:
     """Pages of one lane from many clients, shared between the clients by the service they got.
 
     The next page is the head of the client whose head is most urgent, then has received the least
-    service (its pages' cost so far), then came first: least attained service among the active
-    clients, the virtual-time rule of start-time fair queueing (Goyal, Vin and Cheng, "Start-time
-    fair queueing", SIGCOMM 1996) without its tags. A client that becomes active starts at the least
-    service of the clients already waiting, so credit from idle time cannot starve them. So one
-    client's 48 queued pages delay another client's single page by about one page of service. Each
-    client's own pages go in :class:`PriorityQueue` order.
+    service (its pages' cost since it last became active), then came first: least attained service
+    among the waiting clients, the virtual-time rule of start-time fair queueing (Goyal, Vin and
+    Cheng, "Start-time fair queueing", SIGCOMM 1996) without its tags. A client that becomes active
+    starts level with the least served client waiting, and one with nothing queued is forgotten, so
+    no credit builds up while idle. So one client's 48 queued pages delay another client's single
+    page by about one page of service. Each client's own pages go in :class:`PriorityQueue` order.
     """
 
     def __init__(self) -> None:

@@ -6,10 +6,10 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
 
 - :class:`FifoPolicy` (``router.mode: fifo``): one first-come-first-served queue for every lane,
   to measure what the lanes buy.
-- :class:`LanesPolicy` (``router.mode: lanes``): one queue per lane, shared within the lane between
-  clients by :class:`FairQueue` and ordered within a client by
-  ``(priority, request admitted, page)`` (lower priority value first, as in vLLM's
-  ``PriorityRequestQueue``; then the earlier request's pages, so requests finish in order), and
+- :class:`LanesPolicy` (``router.mode: lanes``): one queue per lane, ordered within the lane by
+  ``(priority, seq)``: lower priority value first, as in vLLM's ``PriorityRequestQueue``; then by
+  the router's ``seq``, which puts a page in its request's place (fair between clients, in order
+  within one: :mod:`ocrserve.router`), and
   *weighted deficit round robin* between the lanes (Shreedhar and Varghese, "Efficient fair
   queueing using deficit round robin", SIGCOMM 1995), with cost in pages or visual tokens: when
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
@@ -34,8 +34,7 @@ class Queued(Protocol):
 
     cost: int
     priority: int
-    seq: tuple[int, int, int]
-    client: str
+    seq: tuple[float, int, int, int]
 
     @property
     def lane(self) -> Lane: ...
@@ -105,7 +104,7 @@ class PriorityQueue:
     """Pages of one lane, lowest ``(priority, seq)`` first (vLLM's ``PriorityRequestQueue`` order)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, tuple[int, int, int], Queued]] = []
+        self._heap: list[tuple[int, tuple[float, int, int, int], Queued]] = []
 
     def push(self, ticket: Queued) -> None:
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
@@ -132,64 +131,6 @@ class PriorityQueue:
         return len(self._heap)
 
 
-class FairQueue:
-    """Pages of one lane from many clients, shared between the clients by the service they got.
-
-    The next page is the head of the client whose head is most urgent, then has received the least
-    service (its pages' cost since it last became active), then came first: least attained service
-    among the waiting clients, the virtual-time rule of start-time fair queueing (Goyal, Vin and
-    Cheng, "Start-time fair queueing", SIGCOMM 1996) without its tags. A client that becomes active
-    starts level with the least served client waiting, and one with nothing queued is forgotten, so
-    no credit builds up while idle. So one client's 48 queued pages delay another client's single
-    page by about one page of service. Each client's own pages go in :class:`PriorityQueue` order.
-    """
-
-    def __init__(self) -> None:
-        self._queues: dict[str, PriorityQueue] = {}
-        self._service: dict[str, float] = {}
-
-    def push(self, ticket: Queued) -> None:
-        queue = self._queues.get(ticket.client)
-        if queue is None:  # a client becoming active starts level with the least served one waiting
-            self._service[ticket.client] = min(self._service.values(), default=0.0)
-            queue = self._queues[ticket.client] = PriorityQueue()
-        queue.push(ticket)
-
-    def _next_client(self) -> str:
-        return min(
-            self._queues,
-            key=lambda c: (self._queues[c].peek().priority, self._service[c], self._queues[c].peek().seq),
-        )
-
-    def peek(self) -> Queued:
-        """The next page (the queue must not be empty)."""
-        return self._queues[self._next_client()].peek()
-
-    def pop(self) -> Queued:
-        """Remove and return the next page, charging its cost to its client."""
-        client = self._next_client()
-        queue = self._queues[client]
-        ticket = queue.pop()
-        self._service[client] += ticket.cost
-        self._forget_if_idle(client)
-        return ticket
-
-    def remove(self, ticket: Queued) -> bool:
-        queue = self._queues.get(ticket.client)
-        if queue is None or not queue.remove(ticket):
-            return False
-        self._forget_if_idle(ticket.client)
-        return True
-
-    def _forget_if_idle(self, client: str) -> None:
-        """A client with nothing queued keeps no state (no credit, no memory per address seen)."""
-        if not self._queues[client]:
-            del self._queues[client], self._service[client]
-
-    def __len__(self) -> int:
-        return sum(len(queue) for queue in self._queues.values())
-
-
 class LanesPolicy(QueuePolicy):
     """A priority queue per lane, weighted deficit round robin between lanes (module docstring).
 
@@ -199,7 +140,7 @@ class LanesPolicy(QueuePolicy):
 
     def __init__(self, lanes: Iterable[Lane]):
         self._lanes = list(lanes)
-        self._queues = {lane.name: FairQueue() for lane in self._lanes}
+        self._queues = {lane.name: PriorityQueue() for lane in self._lanes}
         self._deficit = {lane.name: 0.0 for lane in self._lanes}
 
     def push(self, ticket: Queued) -> None:

@@ -8,8 +8,9 @@ its recent drain rate, so nothing is accepted that cannot be queued.
 
 The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
-or one FIFO). Within a lane and a priority, a request's pages go before the pages of requests
-admitted after it, so documents sent together finish one after another. The fast lane may run
+or one FIFO). Within a lane and a priority, pages go by their request's start-time fair queueing
+tag (:meth:`Lane.tag`): documents sent together finish one after another, and a small request of
+one client overtakes the large queue of another. The fast lane may run
 ``fast.burst_slots`` pages beyond the engine's slots, so an interactive page never waits for a bulk
 page to leave the engine; the engine's own stage priority (each page carries its
 :class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in flight.
@@ -49,6 +50,8 @@ DRAIN_WINDOW_S = 60.0
 RECHECK_S = 0.5
 #: Weight of the newest page in the moving average of a page's seconds in the engine.
 SERVICE_EWMA = 0.2
+#: Clients a lane keeps fair-queueing tags for before dropping those whose tags are past.
+MAX_TAGGED_CLIENTS = 1024
 
 
 @dataclass(eq=False)
@@ -59,10 +62,9 @@ class Ticket:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
         priority: its order in the lane and in the engine (lower runs sooner).
         deadline: when it must be done, or None.
-        seq: ``(request's admission number, page index, submission number)``, the order between
-            equal priorities (the last breaks ties between tries of one page): a
-            request's pages go before those of requests admitted after it, so requests sent
-            together finish one after another rather than all at the end.
+        seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
+            order between equal priorities (:meth:`Lane.tag`; the last breaks ties between tries
+            of one page).
         task: the engine call once dispatched.
     """
 
@@ -71,7 +73,7 @@ class Ticket:
     cost: int
     priority: Priority
     deadline: Deadline | None
-    seq: tuple[int, int, int]
+    seq: tuple[float, int, int, int]
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
@@ -81,11 +83,6 @@ class Ticket:
     def lane(self) -> Lane:
         """The lane the page was admitted to."""
         return self.reservation.lane
-
-    @property
-    def client(self) -> str:
-        """Whom the page's request is for (the lanes share the engine between clients)."""
-        return self.reservation.client
 
 
 class Lane:
@@ -103,6 +100,8 @@ class Lane:
         self.requests = 0  # admitted requests not yet finished
         self.in_flight = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
+        self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
+        self._finish: dict[str, float] = {}  # each client's last finish tag
         self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
 
     @property
@@ -124,6 +123,24 @@ class Lane:
             return 0.0
         span = max(now - self._done[0], 1.0)
         return len(self._done) / span
+
+    def tag(self, client: str, pages: int) -> tuple[float, float]:
+        """A new request's ``(start, finish)`` tags, start-time fair queueing over requests (Goyal,
+        Vin and Cheng, "Start-time fair queueing", SIGCOMM 1996): ``start = max(virtual time,
+        the client's last finish)``, ``finish = start + pages``. Pages go by their request's
+        finish tag: requests that arrive together finish one after another (equal tags: admission
+        order), a client's next request queues behind its own earlier ones, and a small request
+        from a client with nothing queued overtakes a large one, so one client's 48 queued pages
+        delay another's single page by about one page."""
+        start = max(self.virtual, self._finish.get(client, 0.0))
+        self._finish[client] = finish = start + pages
+        if len(self._finish) > MAX_TAGGED_CLIENTS:  # clients whose tags are in the past need none
+            self._finish = {c: f for c, f in self._finish.items() if f > self.virtual}
+        return start, finish
+
+    def dispatched(self, start: float) -> None:
+        """A page of a request tagged ``start`` went to the engine: virtual time moves to it."""
+        self.virtual = max(self.virtual, start)
 
     def enter(self, client: str) -> None:
         """A request of ``client`` was admitted."""
@@ -232,7 +249,7 @@ class Router:
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
         on exit. ``client`` names whom the request is for: the lane shares the engine between
-        clients (:class:`~ocrserve.policies.FairQueue`).
+        clients (:meth:`Lane.tag`).
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
@@ -252,7 +269,7 @@ class Router:
         estimate = self.estimate_s(lane, pages)
         if deadline is not None:
             self._check_deadline(lane, pages, deadline, estimate)
-        reservation = Reservation(lane, pages, next(self._admitted), client)
+        reservation = Reservation(lane, pages, next(self._admitted), *lane.tag(client, pages))
         admitted = time.monotonic()
         lane.enter(client)
         try:
@@ -335,7 +352,7 @@ class Router:
         work = self.with_lane_defaults(lane.name, work)
         deadline = work.deadline
         cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
-        seq = (reservation.order, page.index, next(self._submitted))
+        seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
         ticket = Ticket(page, reservation, cost, work.priority, deadline, seq)
         self.policy.push(ticket)
         self._alarm.ring()
@@ -389,6 +406,7 @@ class Router:
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
         ticket.reservation.release(1)
+        lane.dispatched(ticket.reservation.start)
         lane.in_flight += 1
         lane.publish()
         metrics.SLOTS_IN_USE.set(self.in_flight)
@@ -433,13 +451,13 @@ class Reservation:
         lane: the lane.
         pages: pages reserved; added to ``lane.reserved`` now.
         order: the request's admission number (its pages' place in the lane).
-        client: whom the request is for (``""``: one shared client).
+        start, finish: its fair-queueing tags (:meth:`Lane.tag`).
     """
 
-    def __init__(self, lane: Lane, pages: int, order: int, client: str = ""):
+    def __init__(self, lane: Lane, pages: int, order: int, start: float, finish: float):
         self.lane = lane
         self.order = order
-        self.client = client
+        self.start, self.finish = start, finish
         self.left = pages
         lane.reserved += pages
 

@@ -148,7 +148,7 @@ def _weights(ckpt: checkpoint.Checkpoint, dtype: str) -> tuple[int, int, str, st
         f"estimated from {cfg} {ckpt.key('quantization_config')}: {quant.describe()} decoder linears "
         f"(vLLM's packed tensors), embeddings/lm_head/vision in {dtype}; no weight files"
     )
-    return estimate, checkpoint.weight_bytes(ckpt.text, ckpt.vision, size, quant), counted, where
+    return estimate, expected, counted, where
 
 
 def _spec_weights(ckpt: checkpoint.Checkpoint, dtype: str, dtype_source: str) -> tuple[dict[str, Any], dict[str, str]]:

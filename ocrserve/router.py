@@ -10,10 +10,10 @@ The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
 or one FIFO). Within a lane and a priority, pages go by their request's start-time fair queueing
 tag (:meth:`Lane.tag`): documents sent together finish one after another, and a small request of
-one client overtakes the large queue of another. The fast lane may run
-``fast.burst_slots`` pages beyond the engine's slots, so an interactive page never waits for a bulk
-page to leave the engine; the engine's own stage priority (each page carries its
-:class:`~ocrserve.work.Priority`) then lets it overtake the bulk pages in flight.
+one client overtakes the large queue of another. The fast lane may run ``fast.burst_slots`` pages
+beyond the engine's slots, so an interactive page never waits for a bulk page to leave the engine;
+the engine's own stage priority (each page carries its :class:`~ocrserve.work.Priority`) then lets
+it overtake the bulk pages in flight.
 
 Each page carries its request's :class:`~ocrserve.work.WorkItem`. The router enforces its deadline
 on every page it holds: a page still queued when it passes is dropped before the engine (504); a
@@ -97,7 +97,6 @@ class Lane:
         self.name = name
         self.cfg = cfg
         self.reserved = 0  # pages admitted and not yet dispatched or released
-        self.requests = 0  # admitted requests not yet finished
         self.in_flight = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
         self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
@@ -142,15 +141,18 @@ class Lane:
         """A page of a request tagged ``start`` went to the engine: virtual time moves to it."""
         self.virtual = max(self.virtual, start)
 
+    @property
+    def requests(self) -> int:
+        """Admitted requests not yet finished."""
+        return sum(self._clients.values())
+
     def enter(self, client: str) -> None:
         """A request of ``client`` was admitted."""
-        self.requests += 1
         self._clients[client] += 1
         self.publish()
 
     def leave(self, client: str) -> None:
         """A request of ``client`` finished (or went away)."""
-        self.requests -= 1
         self._clients[client] -= 1
         if not self._clients[client]:
             del self._clients[client]

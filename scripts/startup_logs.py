@@ -31,16 +31,23 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_startup
 
 @dataclass(frozen=True)
 class Replay:
-    """One record next to the planner's prediction for it."""
+    """One record next to the planner's prediction for it.
+
+    Attributes:
+        record: the log record.
+        weights: the planner's weights per GPU, bytes.
+        startup: the predicted start-up (``None`` for a record checked on its weights alone).
+    """
 
     record: dict
+    weights: int
     startup: Startup | None
 
     @property
     def weights_error(self) -> float | None:
         """Predicted / logged weights - 1 (``None`` without a logged figure)."""
         logged = self.record["logged"]["weights_gib"]
-        return self.startup.weights / GIB / logged - 1 if logged and self.startup else None
+        return self.weights / GIB / logged - 1 if logged else None
 
     @property
     def kv_error(self) -> float | None:
@@ -78,9 +85,7 @@ def replay(record: dict, configs: dict, folder: Path) -> Replay:
     flags = record["flags"]
     spec = model_spec(record["model"], configs, folder)
     if record["checks"] == ["weights"]:
-        tp = flags.get("tensor_parallel_size", 1)
-        weights_only = Startup("", spec.weights_bytes // tp, 0, 0, 0, 1, 1, 1, None)
-        return Replay(record, weights_only)
+        return Replay(record, spec.weights_bytes // flags.get("tensor_parallel_size", 1), None)
     startup = predict_startup(
         spec,
         gpu_spec(record),
@@ -94,7 +99,7 @@ def replay(record: dict, configs: dict, folder: Path) -> Replay:
         vllm_version=record["vllm_version"],
         flashinfer_sampler=record["sampler"] == "flashinfer",
     )
-    return Replay(record, startup)
+    return Replay(record, startup.weights, startup)
 
 
 def replay_all(data: dict) -> list[Replay]:
@@ -132,9 +137,9 @@ def table(replays: list[Replay]) -> str:
         else:
             kv = "-"
         weights = (
-            f"{start.weights / GIB:.2f} / {logged['weights_gib']:.2f} ({_pct(rep.weights_error)})"
+            f"{rep.weights / GIB:.2f} / {logged['weights_gib']:.2f} ({_pct(rep.weights_error)})"
             if logged["weights_gib"]
-            else f"{start.weights / GIB:.2f} / -"
+            else f"{rep.weights / GIB:.2f} / -"
         )
         gpu = rec["gpu"] or rec["gpu_logged"]
         lines.append(f"| [{rec['model']}]({rec['url']}) | {gpu} | {rec['vllm_version']} | {shown} | {weights} | {kv} |")

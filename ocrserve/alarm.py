@@ -1,5 +1,6 @@
 """Cancellation-safe waits: the wake-up call of a polling loop (sleep until rung or until the poll
-interval has passed), and awaiting something for at most a given time.
+interval has passed), awaiting something for at most a given time, and a semaphore whose waiters
+are served by priority.
 
 Both wait with ``asyncio.wait``: ``asyncio.wait_for`` before Python 3.12 can swallow a
 cancellation that arrives as the awaited thing finishes (CPython gh-86296), which would leave a
@@ -9,6 +10,9 @@ cancelled loop or request running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -56,3 +60,53 @@ class Alarm:
         finally:
             waiter.cancel()
         self._rung.clear()
+
+
+class PrioritySemaphore:
+    """A semaphore whose waiters are served most urgent first (lower ``priority``), then first come,
+    first served: the detection workers of the embedded engine, the decoding processes.
+
+    Args:
+        permits: holders at once.
+    """
+
+    def __init__(self, permits: int):
+        self._free = permits
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = itertools.count()
+
+    async def acquire(self, priority: int) -> None:
+        """Wait for a permit; hand it back with :meth:`release`. A waiter cancelled just as it was
+        handed a permit passes it on."""
+        if self._free and not self._waiters:
+            self._free -= 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._seq), future))
+        try:
+            await future  # the releaser handed its permit over
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()
+            else:
+                self._waiters = [w for w in self._waiters if w[2] is not future]
+                heapq.heapify(self._waiters)
+            raise
+
+    def release(self) -> None:
+        """Give a permit back: to the most urgent waiter, else to the free ones."""
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+    @contextlib.asynccontextmanager
+    async def hold(self, priority: int):
+        """Hold a permit for the duration of the block."""
+        await self.acquire(priority)
+        try:
+            yield
+        finally:
+            self.release()

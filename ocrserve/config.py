@@ -322,7 +322,20 @@ class PreprocessConfig(Section):
         640 * 2**20, ge=1, description="Decoded bytes per page: pixels x channels x bytes per sample (413 above)"
     )
     pdf_dpi: float = Field(200.0, gt=0, description="Resolution that defines a PDF page's pixel size")
-    workers: int = Field(0, ge=0, description="Decoding processes; 0 = one per core")
+    workers: int = Field(0, ge=0, description="Decoding processes for interactive pages; 0 = one per core")
+    background_workers: int = Field(
+        0,
+        ge=0,
+        description="Decoding processes for every other page (bulk, jobs, fast documents above "
+        "router.fast.urgent_pages); 0 = as many as workers",
+    )
+    background_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Nice value added to the background decoding processes (Linux), so an interactive "
+        "page's decoding and OCR take the cores from them; 0 = off",
+    )
     worker_memory_mb: int = Field(
         2048, ge=256, description="Address space of each decoding process, MiB (a document needing more: 422)"
     )
@@ -352,7 +365,15 @@ class FastLaneConfig(LaneConfig):
     priority: int = 0
     max_pages: int = Field(4, ge=1, description="Synchronous requests with at most this many pages are fast")
     max_pixels: int = Field(16_000_000, ge=1, description="...and at most this many normalized pixels in all")
-    burst_slots: int = Field(1, ge=0, description="Pages the fast lane may run beyond the engine's slots")
+    burst_slots: int = Field(
+        1, ge=0, description="Interactive pages (not documents above urgent_pages) run beyond the engine's slots"
+    )
+    urgent_pages: int = Field(
+        1,
+        ge=1,
+        description="Fast requests of at most this many pages run at the lane's priority; larger ones one step "
+        "after them, in the lane and in the engine (shortest first), so a single page overtakes documents",
+    )
 
 
 class BulkLaneConfig(LaneConfig):
@@ -369,7 +390,15 @@ class RouterConfig(Section):
 
     mode: Literal["lanes", "fifo"] = "lanes"
     overload_status: Literal[429, 503] = 503
-    cost: Literal["pages", "visual_tokens"] = Field("pages", description="What the lanes' weights count")
+    cost: Literal["pages", "visual_tokens"] = Field(
+        "visual_tokens",
+        description="What a page costs: in the lanes' weights and in fair queueing between clients",
+    )
+    initial_page_s: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds a page is taken to spend in the engine until one has been measured (admission estimates)",
+    )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(
         "fixed",
@@ -392,6 +421,11 @@ class RouterConfig(Section):
             raise ValueError(
                 f"router.fast.priority ({self.fast.priority}) must be <= 0 and router.bulk.priority "
                 f"({self.bulk.priority}) > 0: priorities <= 0 are interactive work"
+            )
+        if self.fast.priority + 1 >= self.bulk.priority:
+            raise ValueError(
+                f"router.bulk.priority ({self.bulk.priority}) must be above router.fast.priority + 1 "
+                f"({self.fast.priority + 1}), the priority of fast requests above router.fast.urgent_pages"
             )
         return self
 

@@ -26,6 +26,11 @@ ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and w
 
 # Router (lanes, admission, dispatch)
 QUEUED_PAGES = Gauge("ocrserve_queued_pages", "Pages admitted to a lane and not yet in the engine.", ["lane"])
+QUEUED_COST = Gauge(
+    "ocrserve_queued_cost",
+    "Cost of the pages queued in a lane and not yet in the engine: pages, or visual tokens (router.cost).",
+    ["lane"],
+)
 QUEUE_DEPTH = Gauge("ocrserve_queue_depth", "Requests admitted to a lane and not yet finished.", ["lane"])
 CONCURRENCY_LIMIT = Gauge(
     "ocrserve_engine_concurrency_limit",

@@ -15,8 +15,8 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
   ``bulk.weight`` the bulk lane gets, so bulk keeps the share ``bulk.weight / (sum of weights)``.
 
-A policy only orders; the router decides whether a lane may run now (free or burst slots, engine
-backpressure) and passes that as ``may_run``.
+A policy only orders; the router decides whether a lane's next page may run now (free or burst
+slots, engine backpressure) and passes that as ``may_run``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Lane(Protocol):
     weight: int
 
 
-MayRun = Callable[[Lane], bool]
+#: Whether a lane's next page may go to the engine now.
+MayRun = Callable[[Queued], bool]
 
 
 class QueuePolicy(abc.ABC):
@@ -62,7 +63,7 @@ class QueuePolicy(abc.ABC):
 
     @abc.abstractmethod
     def pop(self, may_run: MayRun) -> Queued | None:
-        """The next page to run among the lanes for which ``may_run(lane)`` holds, or None."""
+        """The next page to run among the lanes whose next page ``may_run``, or None."""
 
     @abc.abstractmethod
     def remove(self, ticket: Queued) -> bool:
@@ -85,7 +86,7 @@ class FifoPolicy(QueuePolicy):
         self._queue.append(ticket)
 
     def pop(self, may_run: MayRun) -> Queued | None:
-        if self._queue and may_run(self._queue[0].lane):
+        if self._queue and may_run(self._queue[0]):
             return self._queue.popleft()
         return None
 
@@ -150,7 +151,9 @@ class LanesPolicy(QueuePolicy):
         for lane in self._lanes:
             if not self._queues[lane.name]:
                 self._deficit[lane.name] = 0.0  # DRR: an idle lane keeps no credit
-        candidates = [lane for lane in self._lanes if self._queues[lane.name] and may_run(lane)]
+        candidates = [
+            lane for lane in self._lanes if self._queues[lane.name] and may_run(self._queues[lane.name].peek())
+        ]
         if not candidates:
             return None
         # Deficit round robin, advanced straight to the first round in which some lane can pay.

@@ -10,10 +10,11 @@ The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
 or one FIFO). Within a lane and a priority, pages go by their request's start-time fair queueing
 tag (:meth:`Lane.tag`): documents sent together finish one after another, and a small request of
-one client overtakes the large queue of another. The fast lane may run ``fast.burst_slots`` pages
-beyond the engine's slots, so an interactive page never waits for a bulk page to leave the engine;
-the engine's own stage priority (each page carries its :class:`~ocrserve.work.Priority`) then lets
-it overtake the bulk pages in flight.
+one client overtakes the large queue of another. Fast requests above ``fast.urgent_pages`` pages
+run one priority step after single pages (shortest first), in the lane and in the engine. The fast
+lane's interactive pages may run ``fast.burst_slots`` beyond the engine's slots, so one never waits
+for another page to leave the engine; the engine's own stage priority (each page carries its
+:class:`~ocrserve.work.Priority`) then lets it overtake the pages in flight.
 
 Each page carries its request's :class:`~ocrserve.work.WorkItem`. The router enforces its deadline
 on every page it holds: a page still queued when it passes is dropped before the engine (504); a
@@ -41,7 +42,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.limits import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import create_policy
-from ocrserve.work import Deadline, Priority, WorkItem
+from ocrserve.work import Deadline, Priority, WorkItem, is_urgent
 
 FAST, BULK = "fast", "bulk"
 #: Seconds of completions the drain rate is measured over.
@@ -96,12 +97,27 @@ class Lane:
     def __init__(self, name: str, cfg: LaneConfig):
         self.name = name
         self.cfg = cfg
-        self.reserved = 0  # pages admitted and not yet dispatched or released
+        self._reserved: Counter[int] = Counter()  # by priority: pages admitted, not yet dispatched or released
+        self.queued_cost = 0  # cost of the pages submitted and not yet dispatched or dropped
         self.in_flight = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
         self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
         self._finish: dict[str, float] = {}  # each client's last finish tag
         self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
+
+    @property
+    def reserved(self) -> int:
+        """Pages admitted and not yet dispatched or released."""
+        return sum(self._reserved.values())
+
+    def ahead(self, priority: int | None) -> int:
+        """Reserved pages that go before a new request of ``priority`` (those of the same priority or
+        more urgent; None: every one)."""
+        return sum(n for p, n in self._reserved.items() if priority is None or p <= priority)
+
+    def reserve(self, priority: int, pages: int) -> None:
+        """Hold ``pages`` more pages at ``priority`` (negative: give them back)."""
+        self._reserved[priority] += pages
 
     @property
     def weight(self) -> int:
@@ -123,16 +139,17 @@ class Lane:
         span = max(now - self._done[0], 1.0)
         return len(self._done) / span
 
-    def tag(self, client: str, pages: int) -> tuple[float, float]:
+    def tag(self, client: str, cost: int) -> tuple[float, float]:
         """A new request's ``(start, finish)`` tags, start-time fair queueing over requests (Goyal,
         Vin and Cheng, "Start-time fair queueing", SIGCOMM 1996): ``start = max(virtual time,
-        the client's last finish)``, ``finish = start + pages``. Pages go by their request's
-        finish tag: requests that arrive together finish one after another (equal tags: admission
-        order), a client's next request queues behind its own earlier ones, and a small request
-        from a client with nothing queued overtakes a large one, so one client's 48 queued pages
-        delay another's single page by about one page."""
+        the client's last finish)``, ``finish = start + cost`` (its pages, or their visual tokens:
+        ``router.cost``). Pages go by their request's finish tag: requests that arrive together
+        finish one after another (equal tags: admission order), a client's next request queues
+        behind its own earlier ones, and a small request from a client with nothing queued
+        overtakes a large one, so one client's 48 queued pages delay another's single page by
+        about one page."""
         start = max(self.virtual, self._finish.get(client, 0.0))
-        self._finish[client] = finish = start + pages
+        self._finish[client] = finish = start + cost
         if len(self._finish) > MAX_TAGGED_CLIENTS:  # clients whose tags are in the past need none
             self._finish = {c: f for c, f in self._finish.items() if f > self.virtual}
         return start, finish
@@ -157,6 +174,11 @@ class Lane:
         if not self._clients[client]:
             del self._clients[client]
         self.publish()
+
+    def queue(self, cost: int) -> None:
+        """A page of ``cost`` joined the queue (``-cost``: it left it, dispatched or dropped)."""
+        self.queued_cost += cost
+        metrics.QUEUED_COST.labels(self.name).set(self.queued_cost)
 
     def publish(self) -> None:
         """Export this lane's queue figures to Prometheus."""
@@ -233,25 +255,45 @@ class Router:
         small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
         return FAST if small else BULK
 
-    def with_lane_defaults(self, lane_name: str, work: WorkItem) -> WorkItem:
-        """``work`` in ``lane_name`` with the lane's defaults filled in: a deadline
-        ``router.<lane>.timeout_s`` from now (none when 0) and the lane's priority."""
+    def inspect_priority(self, work: WorkItem) -> Priority:
+        """The priority a request is inspected at, before its lane is chosen: its own, else its
+        named lane's, else the fast lane's (inspection is short, and decides the lane)."""
+        if work.priority is not None:
+            return work.priority
+        return Priority(self.lanes[work.lane or FAST].cfg.priority)
+
+    def with_lane_defaults(self, lane_name: str, work: WorkItem, pages: int = 1) -> WorkItem:
+        """``work`` for a request of ``pages`` pages in ``lane_name`` with the lane's defaults filled
+        in: a deadline ``router.<lane>.timeout_s`` from now (none when 0) and the lane's priority,
+        one step later for a fast request above ``router.fast.urgent_pages`` pages (shortest first:
+        a single page overtakes documents in the lane and in the engine)."""
         cfg = self.lanes[lane_name].cfg
         deadline = work.deadline
         if deadline is None and cfg.timeout_s:
             deadline = Deadline.after(cfg.timeout_s)
-        priority = Priority(cfg.priority if work.priority is None else work.priority)
-        return WorkItem(deadline=deadline, priority=priority, lane=lane_name, client=work.client)
+        priority = work.priority
+        if priority is None:
+            priority = cfg.priority + (lane_name == FAST and pages > self.cfg.fast.urgent_pages)
+        return WorkItem(deadline=deadline, priority=Priority(priority), lane=lane_name, client=work.client)
 
     @contextlib.asynccontextmanager
     async def admit(
-        self, lane_name: str, pages: int, deadline: Deadline | None = None, client: str = ""
+        self,
+        lane_name: str,
+        pages: int,
+        deadline: Deadline | None = None,
+        client: str = "",
+        visual_tokens: int | None = None,
+        priority: int | None = None,
     ) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in a lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
         on exit. ``client`` names whom the request is for: the lane shares the engine between
-        clients (:meth:`Lane.tag`).
+        clients (:meth:`Lane.tag`) by the request's cost: its ``visual_tokens`` with
+        ``router.cost: visual_tokens`` (where given), else its pages. ``priority`` (None: the
+        lane's) bounds the queue the request sees: only pages that go before it count against
+        ``queue_pages`` and its estimate, so a flood of documents cannot shut a single page out.
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
@@ -266,12 +308,14 @@ class Router:
                 f"{lane.cfg.queue_pages}",
                 slug="too-many-pages",
             )
-        if lane.reserved + pages > lane.cfg.queue_pages:
-            self._refuse(lane, pages)
-        estimate = self.estimate_s(lane, pages)
+        priority = lane.cfg.priority if priority is None else priority
+        if lane.ahead(priority) + pages > lane.cfg.queue_pages:
+            self._refuse(lane, pages, priority)
+        estimate = self.estimate_s(lane, pages, priority)
         if deadline is not None:
             self._check_deadline(lane, pages, deadline, estimate)
-        reservation = Reservation(lane, pages, next(self._admitted), *lane.tag(client, pages))
+        cost = visual_tokens if self.cfg.cost == "visual_tokens" and visual_tokens else pages
+        reservation = Reservation(lane, pages, priority, next(self._admitted), *lane.tag(client, cost))
         admitted = time.monotonic()
         lane.enter(client)
         try:
@@ -281,13 +325,14 @@ class Router:
             lane.leave(client)
             self._account(lane, admitted, estimate, deadline)
 
-    def _refuse(self, lane: Lane, pages: int) -> None:
+    def _refuse(self, lane: Lane, pages: int, priority: int) -> None:
         now = time.monotonic()
         rate = lane.drain_rate(now)
-        wait = retry_after_s(lane.reserved, rate, self._overall_rate(now))
+        ahead = lane.ahead(priority)
+        wait = retry_after_s(ahead, rate, self._overall_rate(now))
         metrics.REJECTIONS.labels(lane.name, "queue_full").inc()
         problem = Overloaded(
-            f"the {lane.name} lane holds {lane.reserved} of {lane.cfg.queue_pages} pages and cannot take "
+            f"the {lane.name} lane holds {ahead} of {lane.cfg.queue_pages} pages and cannot take "
             f"{pages} more; "
             + (f"draining at {rate:.2f} pages/s" if rate > 0 else "no page has finished lately to measure its drain")
             + f", retry in {wait} s",
@@ -297,27 +342,34 @@ class Router:
         problem.status = self.cfg.overload_status
         raise problem
 
-    def estimate_s(self, lane: Lane, pages: int) -> float | None:
-        """Seconds until ``pages`` more pages admitted to ``lane`` now would be done: the pages
-        ahead of them (the lane's queue, the fast lane's too for bulk, and those in the engine) and
-        their own, at the measured seconds a page takes in the engine over the pages it runs at
-        once (``(ahead + pages) x page_s / limit``). ``None`` before any page has been measured."""
-        if self.page_s is None:
-            return None
-        ahead = lane.reserved + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
-        return (ahead + pages) * self.page_s / self.limit
+    def estimate_s(self, lane: Lane, pages: int, priority: int | None = None) -> float:
+        """Seconds until ``pages`` more pages of ``priority`` admitted to ``lane`` now would be done:
+        the pages ahead of them (the lane's queued pages of that priority or more urgent,
+        :meth:`Lane.ahead`; for bulk the fast lane's too; and those in the engine) and
+        their own, at the seconds a page takes in the engine over the pages it runs at once
+        (``(ahead + pages) x page_s / limit``). ``page_s`` is measured (:attr:`page_s`); until a
+        page has been, ``router.initial_page_s``. Decoding is left out: it overlaps the engine's
+        work on earlier pages."""
+        ahead = lane.ahead(priority) + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
+        return (ahead + pages) * self.seconds_a_page / self.limit
 
-    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float | None) -> None:
+    @property
+    def seconds_a_page(self) -> float:
+        """A page's seconds in the engine: the measured moving average, or ``router.initial_page_s``
+        before the first page."""
+        return self.cfg.initial_page_s if self.page_s is None else self.page_s
+
+    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
         """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
         it, :meth:`estimate_s`) rather than accept it and time out."""
         left = deadline.left()
-        if estimate is None or estimate <= left:
+        if estimate <= left:
             return
         wait = max(1, math.ceil(estimate - left))
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
         raise Overloaded(
             f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
-            f"{estimate:.0f} s of work would be ahead of and in it ({self.page_s:.2f} s a page over "
+            f"{estimate:.0f} s of work would be ahead of and in it ({self.seconds_a_page:.2f} s a page over "
             f"{self.limit} pages in the engine at once); retry in {wait} s, or send it to be done asynchronously "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",
@@ -325,12 +377,11 @@ class Router:
         )
 
     @staticmethod
-    def _account(lane: Lane, admitted: float, estimate: float | None, deadline: Deadline | None) -> None:
+    def _account(lane: Lane, admitted: float, estimate: float, deadline: Deadline | None) -> None:
         """How an admitted request's time compared with its admission estimate, and whether it
         still missed its deadline (``ocrserve_admission_estimate_error_seconds``,
         ``ocrserve_admitted_deadline_misses_total``)."""
-        if estimate is not None:
-            metrics.ADMISSION_ESTIMATE_ERROR.labels(lane.name).observe(time.monotonic() - admitted - estimate)
+        metrics.ADMISSION_ESTIMATE_ERROR.labels(lane.name).observe(time.monotonic() - admitted - estimate)
         if deadline is not None and deadline.passed():
             metrics.ADMITTED_DEADLINE_MISSES.labels(lane.name).inc()
 
@@ -357,6 +408,7 @@ class Router:
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
         ticket = Ticket(page, reservation, cost, work.priority, deadline, seq)
         self.policy.push(ticket)
+        lane.queue(cost)
         self._alarm.ring()
         try:
             await asyncio.wait({ticket.future}, timeout=deadline.left() if deadline else None)
@@ -375,6 +427,7 @@ class Router:
         if ticket.task is None:
             if self.policy.remove(ticket):
                 ticket.reservation.release(1)
+                ticket.lane.queue(-ticket.cost)
                 metrics.REJECTIONS.labels(ticket.lane.name, reason).inc()
         elif not ticket.task.done():
             ticket.task.cancel()
@@ -394,13 +447,16 @@ class Router:
     def _expire(self, ticket: Ticket) -> None:
         """A page popped after its deadline: it fails without reaching the engine."""
         ticket.reservation.release(1)
+        ticket.lane.queue(-ticket.cost)
         metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
         ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1}: its deadline passed in the queue"))
 
-    def _may_run(self, lane: Lane) -> bool:
-        """A free slot, or for the fast lane one of its burst slots; nothing while the engine
+    def _may_run(self, ticket: Ticket) -> bool:
+        """A free slot, or for an interactive page of the fast lane (priority <= ``URGENT``: not a
+        document above ``fast.urgent_pages``) one of its burst slots; nothing while the engine
         reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
-        burst = self.cfg.fast.burst_slots if lane.name == FAST and self.policy.bursts else 0
+        interactive = ticket.lane.name == FAST and is_urgent(ticket.priority)
+        burst = self.cfg.fast.burst_slots if interactive and self.policy.bursts else 0
         if self.in_flight >= self.limit + burst:
             return False
         return burst > 0 or not self.engine.saturated()
@@ -408,6 +464,7 @@ class Router:
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
         ticket.reservation.release(1)
+        lane.queue(-ticket.cost)
         lane.dispatched(ticket.reservation.start)
         lane.in_flight += 1
         lane.publish()
@@ -452,19 +509,21 @@ class Reservation:
     Args:
         lane: the lane.
         pages: pages reserved; added to ``lane.reserved`` now.
+        priority: the request's priority, which the pages are reserved at (:meth:`Lane.ahead`).
         order: the request's admission number (its pages' place in the lane).
         start, finish: its fair-queueing tags (:meth:`Lane.tag`).
     """
 
-    def __init__(self, lane: Lane, pages: int, order: int, start: float, finish: float):
+    def __init__(self, lane: Lane, pages: int, priority: int, order: int, start: float, finish: float):
         self.lane = lane
+        self.priority = priority
         self.order = order
         self.start, self.finish = start, finish
         self.left = pages
-        lane.reserved += pages
+        lane.reserve(priority, pages)
 
     def release(self, pages: int) -> None:
         """Give back ``pages`` of the reservation (dispatched, dropped, or never submitted)."""
         pages = min(pages, self.left)
         self.left -= pages
-        self.lane.reserved -= pages
+        self.lane.reserve(self.priority, -pages)

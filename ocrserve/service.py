@@ -83,7 +83,8 @@ class OcrService:
         """
         started = time.perf_counter()
         with spooled(data) as source:
-            info = await self.preprocessor.inspect(source)
+            # the lane is not known before inspection: a request that named none is inspected as urgent
+            info = await self.preprocessor.inspect(source, self.router.inspect_priority(work))
             indices = info.select(pages, self.config.preprocess)
             pixels = info.normalized_pixels(indices, self.config.preprocess)
             lane = self.router.lane_for(len(indices), pixels, work)
@@ -91,8 +92,11 @@ class OcrService:
             cached = await self.cache.get(key) if key else None
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
-            work = self.router.with_lane_defaults(lane, work)  # the lane's default deadline runs from admission
-            async with self.router.admit(lane, len(indices), work.deadline, work.client) as reservation:
+            # the lane's default deadline runs from admission
+            work = self.router.with_lane_defaults(lane, work, len(indices))
+            tokens = info.visual_tokens(indices, self.config.preprocess)
+            admission = self.router.admit(lane, len(indices), work.deadline, work.client, tokens, work.priority)
+            async with admission as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, work)
         for attempt in attempts:
             self.pipeline.count_final(attempt)
@@ -116,7 +120,7 @@ class OcrService:
         the router fails the ones it holds at the same deadline.
         """
         tasks: list[asyncio.Task] = []
-        chunks = self.preprocessor.pages(source, info, indices)
+        chunks = self.preprocessor.pages(source, info, indices, work.priority)
         try:
             try:
                 async with contextlib.aclosing(chunks):

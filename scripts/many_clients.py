@@ -7,9 +7,10 @@ how many were refused at once (503 with ``Retry-After``) and how fast, how many 
 then failed with 504, and the pages completed in the window against what the engine does alone in
 as long (measured first, one document after another).
 
-``mixed``: ``--clients`` clients post ``--pages``-page PDFs in a loop while one more client posts
-single small pages; reported: the small page's median and p95 against its idle p95 (measured
-first), and accepted-then-504 as a share of accepted requests.
+``mixed``: ``--clients`` clients post ``--pages``-page PDFs in a loop (a refused one waits its
+``Retry-After``, as a well-behaved client does) while one more client posts a single small page
+every ``--interval`` seconds; reported: the small page's median and p95 against its idle p95
+(measured first), and accepted-then-504 as a share of accepted requests.
 
 Each client names itself with ``X-Client-Id`` (the gateway is started with ``router.fair_by:
 header``: on one machine they all share an address). Prints the figures; no targets are asserted.
@@ -101,7 +102,7 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
 
-def mixed(url: str, clients: int, pages: int, seconds: float) -> None:
+def mixed(url: str, clients: int, pages: int, seconds: float, interval: float) -> None:
     small = SAMPLE.read_bytes()
     idle = [post(url, small, "s.tif", "small")[1] for _ in range(10)]
     document, stop = pdf(pages), threading.Event()
@@ -109,25 +110,33 @@ def mixed(url: str, clients: int, pages: int, seconds: float) -> None:
 
     def flood(client: str) -> None:
         while not stop.is_set():
-            outcomes.append(post(url, document, "f.pdf", client)[0])
+            status, _, headers = post(url, document, "f.pdf", client)
+            outcomes.append(status)
+            if status in (429, 503):  # a well-behaved client waits as long as the gateway asks
+                stop.wait(float(headers.get("retry-after", 1)))
 
     threads = [threading.Thread(target=flood, args=(f"c{i}",)) for i in range(clients)]
     for thread in threads:
         thread.start()
     loaded, started = [], time.monotonic()
+    refused = 0
     while time.monotonic() - started < seconds:
         status, s, _ = post(url, small, "s.tif", "small")
         if status == 200:
             loaded.append(s)
+        else:
+            refused += 1
+        time.sleep(max(0.0, interval - s))
     stop.set()
     for thread in threads:
         thread.join()
     accepted = [o for o in outcomes if o != 503]
     late = sum(o == 504 for o in accepted)
-    print(f"{clients} clients x {pages}-page PDFs in a loop for {seconds:g} s, one client of single pages")
+    print(f"{clients} clients x {pages}-page PDFs in a loop for {seconds:g} s, a single page every {interval:g} s")
     print(
         f"  small page idle p95 {p95(idle):.2f} s; under load median {statistics.median(loaded):.2f} s, "
-        f"p95 {p95(loaded):.2f} s ({p95(loaded) / p95(idle):.2f}x idle), {len(loaded)} pages"
+        f"p95 {p95(loaded):.2f} s ({p95(loaded) / p95(idle):.2f}x idle), {len(loaded)} pages, "
+        f"{refused} not answered 200"
     )
     print(
         f"  flood requests: {len(outcomes)}, refused at once {len(outcomes) - len(accepted)}, accepted "
@@ -142,6 +151,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300.0, help="documents: each request's timeout, s")
     parser.add_argument("--seconds", type=float, default=120.0, help="mixed: how long the flood lasts, s")
+    parser.add_argument("--interval", type=float, default=1.0, help="mixed: seconds between small pages")
     parser.add_argument("--url", help="a running gateway (started with router.fair_by: header) instead of one here")
     args = parser.parse_args()
     gateway = None if args.url else LocalGateway("router.fair_by=header", profile="local").wait_ready()
@@ -150,7 +160,7 @@ def main() -> None:
         if args.scenario == "documents":
             documents(url, args.clients, args.pages, args.timeout)
         else:
-            mixed(url, args.clients, args.pages, args.seconds)
+            mixed(url, args.clients, args.pages, args.seconds, args.interval)
     finally:
         if gateway:
             gateway.stop()

@@ -7,10 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig
 from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
-from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher
+from ocrserve.engines.stages import PriorityGate, RecBatcher
 from tests.test_engine import load_page
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import io
 import os
 import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ from ocrserve.preprocess import (
     target_size,
 )
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
-from ocrserve.preprocess.pool import WARNINGS_PER_MINUTE
+from ocrserve.preprocess.pool import WARNINGS_PER_MINUTE, DecodePool
 from tests import samples
 from tests.conftest import DATA
 
@@ -213,6 +215,29 @@ async def test_pool_recovers_after_a_worker_dies():
         assert pages[0].image.shape == (480, 640, 3)
     finally:
         preprocessor.close()
+
+
+async def test_a_free_decoding_process_goes_to_the_most_urgent_task():
+    """One process busy: tasks queued at priorities 10, 0 and 5 run 0, 5, 10 (then first come)."""
+    pool = DecodePool(PreprocessConfig(workers=1))
+    try:
+        await pool.warm_up()
+        order: list[int] = []
+
+        async def task(priority: int) -> None:
+            await pool.run(time.sleep, 0.05, priority=priority)
+            order.append(priority)
+
+        busy = asyncio.create_task(pool.run(time.sleep, 0.5))
+        await asyncio.sleep(0.1)  # the process has taken the busy task
+        queued = []
+        for priority in (10, 0, 5):
+            queued.append(asyncio.create_task(task(priority)))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(busy, *queued)
+        assert order == [0, 5, 10]
+    finally:
+        pool.close()
 
 
 def test_decoding_processes_die_with_the_gateway():

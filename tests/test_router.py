@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 
@@ -133,8 +134,13 @@ async def test_requests_sent_together_finish_one_after_another(make_router):
 
 
 async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admission(make_router):
-    router = make_router()
-    async with router.admit(FAST, 1, Deadline.after(0.001)) as reservation:  # nothing measured yet: admitted
+    router = make_router(initial_page_s=2.0)
+    # nothing measured yet: router.initial_page_s stands in, and refuses what it could not finish
+    assert router.page_s is None and router.estimate_s(router.lanes[FAST], 1) == pytest.approx(2.0 / router.limit)
+    with pytest.raises(Overloaded, match="2.00 s a page"):
+        async with router.admit(FAST, 1, Deadline.after(1.0)):
+            pass
+    async with router.admit(FAST, 1) as reservation:
         await router.submit(text_page(), reservation)
     assert router.page_s > 0
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
@@ -178,6 +184,61 @@ async def test_one_clients_queue_delays_another_clients_page_by_about_one_page(m
     await asyncio.gather(blocker, a, b)
     # B's one-page request finishes (in virtual time) before A's six-page one: it goes next
     assert done == ["blocker", "b0", "a0", "a1", "a2", "a3", "a4", "a5"]
+
+
+async def test_fair_share_counts_visual_tokens_and_the_queue_reports_its_cost(make_router):
+    """With ``router.cost: visual_tokens`` (the default) a request's fair-queueing cost is its
+    pages' visual tokens: client B's one small page (10 tokens) goes before client A's one large
+    page (10,000 tokens) admitted before it; the lane's queued cost is what its queue holds."""
+    router = make_router()
+    done: list[str] = []
+    blocker = asyncio.create_task(run_tagged(router, BULK, "blocker", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)
+
+    async def one_page(client: str, tokens: int) -> None:
+        async with router.admit(BULK, 1, client=client, visual_tokens=tokens) as reservation:
+            await router.submit(dataclasses.replace(blank(), visual_tokens=tokens), reservation)
+        done.append(client)
+
+    large = asyncio.create_task(one_page("a", 10_000))
+    await wait_until(lambda: router.lanes[BULK].queued_cost == 10_000)
+    small = asyncio.create_task(one_page("b", 10))
+    await wait_until(lambda: router.lanes[BULK].queued_cost == 10_010)
+    await asyncio.gather(blocker, large, small)
+    assert done == ["blocker", "b", "a"]
+    assert router.lanes[BULK].queued_cost == 0
+
+
+async def test_fast_documents_run_one_priority_step_after_single_pages(engine):
+    """Shortest first: a fast request above ``router.fast.urgent_pages`` pages (default 1) runs at
+    the fast lane's priority + 1, in the lane and in the engine; bulk and explicit priorities are
+    kept."""
+    router = Router(engine, RouterConfig())
+    assert router.with_lane_defaults(FAST, WorkItem(), 1).priority == 0
+    assert router.with_lane_defaults(FAST, WorkItem(), 4).priority == 1
+    assert router.with_lane_defaults(BULK, WorkItem(), 4).priority == 10
+    assert router.with_lane_defaults(FAST, WorkItem(priority=Priority(5)), 4).priority == 5
+    assert (
+        Router(engine, RouterConfig.model_validate({"fast": {"urgent_pages": 4}}))
+        .with_lane_defaults(FAST, WorkItem(), 4)
+        .priority
+        == 0
+    )
+    assert router.inspect_priority(WorkItem()) == 0  # no lane named yet: inspected as urgent
+    assert router.inspect_priority(WorkItem(lane=BULK)) == 10
+
+
+async def test_documents_filling_the_fast_lane_do_not_shut_a_single_page_out(make_router):
+    """Only pages that go before a request count against its queue bound: fast documents
+    (priority 1) fill ``queue_pages``, and a single page (priority 0) is still admitted."""
+    router = make_router(fast={"queue_pages": 4})
+    async with router.admit(FAST, 4, priority=1):
+        with pytest.raises(Overloaded, match="holds 4 of 4 pages"):
+            async with router.admit(FAST, 1, priority=1):
+                pass
+        async with router.admit(FAST, 1, priority=0) as reservation:
+            assert router.lanes[FAST].reserved == 5 and router.lanes[FAST].ahead(0) == 1
+            assert reservation.left == 1
 
 
 async def test_one_client_keeps_admission_order(make_router):

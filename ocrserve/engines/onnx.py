@@ -26,9 +26,10 @@ from rapidocr.ch_ppocr_det import TextDetector
 from rapidocr.ch_ppocr_rec import TextRecInput, TextRecognizer
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
+from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.stages import PriorityGate, PrioritySemaphore, RecBatcher, background_pool
+from ocrserve.engines.stages import PriorityGate, RecBatcher, background_pool
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
 

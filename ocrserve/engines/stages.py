@@ -5,7 +5,8 @@ stage runs next, so that an interactive page that enters beside bulk pages overt
 step (lower ``priority`` value = more urgent, as in vLLM; :mod:`ocrserve.work`):
 
 - :class:`PriorityGate`: a page's next stage waits while a more urgent page is in the engine.
-- :class:`PrioritySemaphore`: the detection workers go to the most urgent waiting page first.
+- :class:`~ocrserve.alarm.PrioritySemaphore` (used by the engine): the detection workers go to the
+  most urgent waiting page first.
 - :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups, sorted
   by aspect ratio, and recognized ``rec_batch_num`` at a time; the most urgent queued run goes
   next, less urgent runs pause while a more urgent page is anywhere in the engine, and an urgent
@@ -103,49 +104,6 @@ class PriorityGate:
         """Wait until no page more urgent than ``priority`` is in the engine."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.clear_for(priority))
-
-
-class PrioritySemaphore:
-    """A semaphore whose waiters are served most urgent first (then first come, first served).
-
-    Args:
-        permits: holders at once.
-    """
-
-    def __init__(self, permits: int):
-        self._free = permits
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []
-        self._seq = itertools.count()
-
-    @contextlib.asynccontextmanager
-    async def hold(self, priority: int):
-        """Hold a permit for the duration of the block."""
-        if self._free and not self._waiters:
-            self._free -= 1
-        else:
-            future = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), future))
-            try:
-                await future  # the releaser handed its permit over
-            except asyncio.CancelledError:
-                if future.done() and not future.cancelled():
-                    self._release()  # handed over just as we were cancelled: pass it on
-                else:
-                    self._waiters = [w for w in self._waiters if w[2] is not future]
-                    heapq.heapify(self._waiters)
-                raise
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        while self._waiters:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)
-                return
-        self._free += 1
 
 
 @dataclass(eq=False)

@@ -168,7 +168,7 @@ class Intake:
         with self.health.guard():
             path, size = await asyncio.to_thread(self.data.stage, upload.file, hasher)
         staged.append(path)
-        info = await self.preprocessor.inspect(path)
+        info = await self.preprocessor.inspect(path, self.config.router.bulk.priority)
         indices = info.select(pages, self.config.preprocess)
         sha256 = hasher.hexdigest()
         return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))

@@ -326,19 +326,20 @@ class Worker:
             return Attempt.failed(claim.index, problem)
         source = self.data.upload_path(claim.job_id, claim.document)
         try:
-            page = await self._decode(source, job.documents[claim.document], claim.index)
+            page = await self._decode(source, job.documents[claim.document], claim.index, work.priority)
         except Problem as problem:
             reservation.release(1)
             return Attempt.failed(claim.index, problem)
         return await self.pipeline.run(page, reservation, work)
 
-    async def _decode(self, source: Path, document: Document, index: int) -> Page | DecodeFailure:
-        """The page ``index`` of a stored upload, or its :class:`DecodeFailure`.
+    async def _decode(self, source: Path, document: Document, index: int, priority: int) -> Page | DecodeFailure:
+        """The page ``index`` of a stored upload, or its :class:`DecodeFailure`, decoded at the job's
+        ``priority`` (after interactive pages waiting for a decoding process).
 
         Raises:
             Problem: the document itself cannot be opened any more (415).
         """
-        chunks = self.preprocessor.pages(source, document.info(), [index])
+        chunks = self.preprocessor.pages(source, document.info(), [index], priority)
         async with contextlib.aclosing(chunks):
             (page,) = await anext(chunks)
         return page

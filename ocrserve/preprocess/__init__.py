@@ -34,6 +34,7 @@ from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem
 from ocrserve.pages import Page
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.pool import DecodePool
+from ocrserve.work import is_urgent
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
 # would raise a generic error at twice its default of 89.5 Mpx.
@@ -75,6 +76,11 @@ class DocumentInfo:
     def normalized_pixels(self, indices: Sequence[int], cfg: PreprocessConfig) -> int:
         """Pixels the pages ``indices`` will have after normalization, in all."""
         return sum(math.prod(target_size(*self.sizes[i], cfg)) for i in indices)
+
+    def visual_tokens(self, indices: Sequence[int], cfg: PreprocessConfig) -> int:
+        """Visual tokens of the pages ``indices`` after normalization, in all (:func:`visual_tokens`
+        of each page's target size): the request's cost before any page is decoded."""
+        return sum(visual_tokens(h, w, cfg.factor) for w, h in (target_size(*self.sizes[i], cfg) for i in indices))
 
     def select(self, pages: str | None, cfg: PreprocessConfig) -> list[int]:
         """The 0-based indices of the requested ``pages`` (``"1-3,5"``; None: all), checked before
@@ -436,7 +442,10 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
 
 
 class Preprocessor:
-    """Runs :func:`inspect_document` and :func:`decode_pages` in a process pool.
+    """Runs :func:`inspect_document` and :func:`decode_pages` in two process pools: one for
+    interactive work (priority <= :data:`~ocrserve.work.URGENT`), and one for everything else
+    (``preprocess.background_workers`` processes at ``preprocess.background_nice``), so that the
+    decoding of a flood of documents never holds up, nor takes the cores from, an interactive page.
 
     Args:
         cfg: limits and pixel budget.
@@ -447,26 +456,32 @@ class Preprocessor:
     def __init__(self, cfg: PreprocessConfig):
         self.cfg = cfg
         self._pool = DecodePool(cfg)
-        self.workers = self._pool.size
+        self._background = DecodePool(cfg, cfg.background_workers or self._pool.size, cfg.background_nice)
 
-    async def inspect(self, source: Source) -> DocumentInfo:
-        """Identify the document and count its pages (see :func:`inspect_document`)."""
-        return await self._pool.run(inspect_document, source, self.cfg)
+    def _pool_for(self, priority: int) -> DecodePool:
+        return self._pool if is_urgent(priority) else self._background
+
+    async def inspect(self, source: Source, priority: int = 0) -> DocumentInfo:
+        """Identify the document and count its pages (see :func:`inspect_document`); ``priority``
+        picks the pool and orders the task among those waiting for one of its processes (lower first)."""
+        return await self._pool_for(priority).run(inspect_document, source, self.cfg, priority=priority)
 
     async def pages(
-        self, source: Source, info: DocumentInfo, indices: Sequence[int]
+        self, source: Source, info: DocumentInfo, indices: Sequence[int], priority: int = 0
     ) -> AsyncIterator[list[Page | DecodeFailure]]:
         """Yield decoded pages in chunks of up to :data:`PAGES_PER_TASK`, in order.
 
-        Chunks are decoded in parallel, at most one per worker ahead of the consumer.
+        Chunks are decoded in parallel, at most one per process ahead of the consumer; ``priority``
+        picks the pool and orders them among the tasks waiting for one of its processes (lower first).
         """
+        pool = self._pool_for(priority)
         chunks = [list(indices[i : i + PAGES_PER_TASK]) for i in range(0, len(indices), PAGES_PER_TASK)]
         pending: list[asyncio.Future] = []
         try:
             for chunk in chunks:
-                decoded = self._pool.run(decode_pages, source, info, chunk, self.cfg, pages=len(chunk))
+                decoded = pool.run(decode_pages, source, info, chunk, self.cfg, pages=len(chunk), priority=priority)
                 pending.append(asyncio.ensure_future(decoded))
-                if len(pending) >= self.workers:
+                if len(pending) >= pool.size:
                     yield await pending.pop(0)
             while pending:
                 yield await pending.pop(0)
@@ -476,12 +491,13 @@ class Preprocessor:
 
     async def warm_up(self) -> None:
         """Start every decoding process now rather than on the first request."""
-        await self._pool.warm_up()
+        await asyncio.gather(self._pool.warm_up(), self._background.warm_up())
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the decoding processes."""
-        return self._pool.pids()
+        """Process ids of the decoding processes started so far (interactive ones first)."""
+        return self._pool.pids() + self._background.pids()
 
     def close(self) -> None:
         """Stop the decoding processes (queued work is cancelled; waits for them to exit)."""
         self._pool.close()
+        self._background.close()

@@ -29,7 +29,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from ocrserve import heap
-from ocrserve.alarm import within
+from ocrserve.alarm import PrioritySemaphore, within
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import PoisonDocument
 
@@ -42,9 +42,14 @@ WARNINGS_PER_MINUTE = 10
 MIB = 2**20
 
 
-def _worker_init(gateway_pid: int, memory_mb: int) -> None:
+def _worker_init(gateway_pid: int, memory_mb: int, nice: int) -> None:
     # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError as exc:
+            log.warning("cannot lower the priority of a background decoding process: %s", exc)
     # Ctrl-C reaches the terminal's whole process group: the gateway drains, then closes the pool,
     # which ends this process; a KeyboardInterrupt here would lose its page and print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -138,9 +143,12 @@ class WorkerLost(Exception):
 class _Worker:
     """One decoding process: a one-process executor, so a crash breaks nothing but its own task."""
 
-    def __init__(self, cfg: PreprocessConfig):
+    def __init__(self, cfg: PreprocessConfig, nice: int):
         self.executor = ProcessPoolExecutor(
-            1, mp_context=get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(), cfg.worker_memory_mb)
+            1,
+            mp_context=get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(os.getpid(), cfg.worker_memory_mb, nice),
         )
         self.pid: int | None = None
         self.dead = False
@@ -191,23 +199,27 @@ class _Worker:
 
 
 class DecodePool:
-    """``cfg.workers`` decoding processes (0: one per core), each running one task at a time.
+    """Decoding processes, each running one task at a time; a free process goes to the most urgent
+    waiting task (lower ``priority``, as in :mod:`ocrserve.work`).
 
     Args:
         cfg: the workers' limits (``workers``, ``worker_memory_mb``, ``worker_recycle_mb``,
             ``page_timeout_s``).
+        size: processes; None: ``cfg.workers`` (0: one per core).
+        nice: added to each process's nice value (Linux; 0: none).
     """
 
-    def __init__(self, cfg: PreprocessConfig):
+    def __init__(self, cfg: PreprocessConfig, size: int | None = None, nice: int = 0):
         self.cfg = cfg
-        self.size = cfg.workers or os.cpu_count() or 1
-        self._workers = [_Worker(cfg) for _ in range(self.size)]
-        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        for worker in self._workers:
-            self._idle.put_nowait(worker)
+        self.size = size or cfg.workers or os.cpu_count() or 1
+        self.nice = nice
+        self._workers = [_Worker(cfg, nice) for _ in range(self.size)]
+        self._idle = list(self._workers)
+        self._turn = PrioritySemaphore(self.size)  # one permit per idle worker
 
-    async def run(self, fn: Callable, *args: Any, pages: int = 1) -> Any:
-        """``fn(*args)`` in the next free worker, within ``pages x cfg.page_timeout_s`` seconds.
+    async def run(self, fn: Callable, *args: Any, pages: int = 1, priority: int = 0) -> Any:
+        """``fn(*args)`` in the next free worker, most urgent ``priority`` first, within ``pages x
+        cfg.page_timeout_s`` seconds.
 
         ``fn`` and its arguments must pickle. A caller that is cancelled leaves the task to finish
         (or reach its time limit) before the worker takes another.
@@ -216,7 +228,8 @@ class DecodePool:
             PoisonDocument: the worker died or ran out of time on this task (422).
             Exception: whatever ``fn`` raised.
         """
-        worker = await self._idle.get()
+        await self._turn.acquire(priority)
+        worker = self._idle.pop()
         task = asyncio.ensure_future(self._supervise(worker, fn, args, pages * self.cfg.page_timeout_s))
         task.add_done_callback(_retrieve)  # a gone caller's outcome is nobody's
         return await asyncio.shield(task)
@@ -246,7 +259,8 @@ class DecodePool:
                 slug="decoder-crashed",
             ) from None
         finally:
-            self._idle.put_nowait(self._fit(worker))
+            self._idle.append(self._fit(worker))
+            self._turn.release()
 
     def _fit(self, worker: _Worker) -> _Worker:
         """``worker``, or a fresh one in its place when it died or holds too much memory."""
@@ -256,7 +270,7 @@ class DecodePool:
         if held is not None:
             log.info("replacing a decoding process holding %.0f MiB (preprocess.worker_recycle_mb)", held)
         worker.close(wait=False)
-        fresh = _Worker(self.cfg)
+        fresh = _Worker(self.cfg, self.nice)
         self._workers[self._workers.index(worker)] = fresh
         asyncio.ensure_future(fresh.start()).add_done_callback(_retrieve)  # ready for the next task
         return fresh

@@ -380,7 +380,7 @@ class BulkLaneConfig(LaneConfig):
     """The bulk lane: large synchronous requests and every job."""
 
     queue_pages: int = 2000
-    timeout_s: float = 0.0
+    timeout_s: float = 300.0  # a synchronous wait; larger work belongs in a job
     weight: int = 1
     priority: int = 10
 

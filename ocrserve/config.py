@@ -158,7 +158,12 @@ class ServerConfig(Section):
     protect_ops: bool = Field(
         False, description="/metrics, /docs, /redoc and /openapi.json need a key too (/healthz, /readyz stay open)"
     )
-    max_upload_mb: float = Field(50.0, gt=0, description="Largest request body, MiB (413 above)")
+    max_upload_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Largest request body, MiB (413 above): 200 pages of a 300-dpi colour scan at about a MiB a "
+        "page, with room; bodies past 1 MiB are spooled to disk, so memory does not grow with it",
+    )
     read_timeout_s: float = Field(
         30.0, gt=0, description="Longest wait for the next part of a request body, seconds (408 after it)"
     )
@@ -316,7 +321,12 @@ class PreprocessConfig(Section):
     max_pixels: int = Field(28 * 28 * 1280, ge=1)
     factor: int = Field(28, ge=1, description="Both sides become multiples of this (patch x merge)")
     max_side: int = Field(0, ge=0, description="Cap on the longer side after resizing, px; 0 = none")
-    max_pages: int = Field(200, ge=1, description="Pages per document (413 above)")
+    max_pages: int = Field(
+        200, ge=1, description="Pages a request selects for OCR (413 above; pages=1-2 of a long PDF is 2)"
+    )
+    max_document_pages: int = Field(
+        10_000, ge=1, description="Pages a document may have, selected or not (413 above; counted without decoding)"
+    )
     max_page_pixels: int = Field(150_000_000, ge=1, description="Decoded pixels per page (413 above)")
     max_page_bytes: int = Field(
         640 * 2**20, ge=1, description="Decoded bytes per page: pixels x channels x bytes per sample (413 above)"

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import io
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ocrserve import metrics
 from ocrserve.alarm import within
@@ -27,25 +30,38 @@ from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
 from ocrserve.router import Reservation, Router
-from ocrserve.store.cache import DedupCache, sha256_hex
+from ocrserve.store.cache import DedupCache
 from ocrserve.work import Deadline, WorkItem
 
 #: Uploads above this many bytes are kept in a temporary file rather than in memory: a synchronous
 #: one reaches the decoding processes as a path, not as bytes pickled once per chunk of pages, and a
-#: job's raw body is spooled to disk as it arrives (``ocrserve.api.uploads``).
+#: raw body is spooled to disk as it arrives (``ocrserve.api.uploads``).
 SPOOL_BYTES = 1 << 20
+#: Bytes copied at a time when a large upload is written to its temporary file.
+COPY_CHUNK = 1 << 20
 
 
-@contextlib.contextmanager
-def spooled(data: bytes) -> Iterator[Source]:
-    """``data`` itself when small, else a temporary file holding it (removed on exit)."""
-    if len(data) <= SPOOL_BYTES:
-        yield data
-        return
-    with tempfile.NamedTemporaryFile(prefix="ocrserve-upload-") as fh:
-        fh.write(data)
-        fh.flush()
-        yield Path(fh.name)
+@contextlib.asynccontextmanager
+async def staged(document: bytes | BinaryIO) -> AsyncIterator[tuple[Source, str]]:
+    """The document as the decoding processes take it, and its sha256: its bytes when at most
+    :data:`SPOOL_BYTES`, else a temporary file (removed on exit) written :data:`COPY_CHUNK` at a
+    time off the event loop, so a large upload is never held in memory whole."""
+    with contextlib.ExitStack() as stack:
+        yield await asyncio.to_thread(_stage, document, stack)
+
+
+def _stage(document: bytes | BinaryIO, stack: contextlib.ExitStack) -> tuple[Source, str]:
+    reader = io.BytesIO(document) if isinstance(document, bytes) else document
+    digest = hashlib.sha256(head := reader.read(SPOOL_BYTES + 1))
+    if len(head) <= SPOOL_BYTES:
+        return head, digest.hexdigest()
+    fh = stack.enter_context(tempfile.NamedTemporaryFile(prefix="ocrserve-upload-"))  # noqa: SIM115 (in the stack)
+    fh.write(head)
+    while chunk := reader.read(COPY_CHUNK):
+        digest.update(chunk)
+        fh.write(chunk)
+    fh.flush()
+    return Path(fh.name), digest.hexdigest()
 
 
 class OcrService:
@@ -65,11 +81,13 @@ class OcrService:
         self.pipeline = PagePipeline(router)
         self.cache = cache
 
-    async def ocr(self, data: bytes, *, pages: str | None = None, work: WorkItem = WorkItem()) -> tuple[dict, bool]:
+    async def ocr(
+        self, document: bytes | BinaryIO, *, pages: str | None = None, work: WorkItem = WorkItem()
+    ) -> tuple[dict, bool]:
         """OCR a document synchronously.
 
         Args:
-            data: the uploaded file's bytes.
+            document: the uploaded file: its bytes, or a binary file positioned at its start.
             pages: 1-based page ranges (``"1-3,5"``); all pages when omitted.
             work: the request's lane, priority and deadline (see :mod:`ocrserve.work`).
 
@@ -82,13 +100,13 @@ class OcrService:
                 full, 504 when the deadline passed for any page, or every page's failure.
         """
         started = time.perf_counter()
-        with spooled(data) as source:
+        async with staged(document) as (source, sha256):
             # the lane is not known before inspection: a request that named none is inspected as urgent
             info = await self.preprocessor.inspect(source, self.router.inspect_priority(work))
             indices = info.select(pages, self.config.preprocess)
             pixels = info.normalized_pixels(indices, self.config.preprocess)
             lane = self.router.lane_for(len(indices), pixels, work)
-            key = self.cache.key(await sha256_hex(data), indices) if self.cache else ""
+            key = self.cache.key(sha256, indices) if self.cache else ""
             cached = await self.cache.get(key) if key else None
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True

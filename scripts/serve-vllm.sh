@@ -12,7 +12,10 @@
 # `ocrserve launch --profile prod` does both in one go, and restarts vLLM if it dies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command="$(ocrserve plan --format argv "$@")"
+# the checkout's venv (README: Fresh machine) when it has one, else ocrserve on PATH
+ocrserve=ocrserve
+[ -x .venv/bin/ocrserve ] && ocrserve=.venv/bin/ocrserve
+command="$("$ocrserve" plan --format argv "$@")"
 echo "$command" >&2
 if [ -n "${DRY_RUN:-}" ]; then
   exit 0

@@ -108,7 +108,8 @@ def test_alpha_and_exif_samples(http, name):
         ("truncated jpeg", samples.truncated_jpeg(), 415, "cannot be decoded"),
         ("text named .png", b"just some text, not an image\n" * 10, 415, "not a supported document"),
         ("40000 x 40000 png header", samples.png_header_only(40000, 40000), 413, "max_page_pixels"),
-        ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages.*max_pages=200"),
+        ("5000 blank pdf pages", samples.blank_pdf(5000), 413, "5000 pages selected.*max_pages=200"),
+        ("10001 blank pdf pages", samples.blank_pdf(10_001), 413, "10001 pages or more.*max_document_pages=10000"),
         ("pdf page of 40000 x 40000 px at 200 dpi", samples.blank_pdf(1, (14400, 14400)), 413, "max_page_pixels"),
     ],
 )
@@ -117,6 +118,30 @@ def test_bad_input_refused_quickly_and_server_keeps_serving(http, case, data, st
     assert_problem(post_file(http, data, "upload.png"), status, detail)
     assert time.perf_counter() - started < 5, case
     assert post_file(http, (DATA / "phototest.tif").read_bytes()).status_code == 200
+
+
+def test_the_page_limit_bounds_the_pages_selected_not_the_document(http):
+    """``preprocess.max_pages`` (200) counts the pages a request selects: two pages of a 201-page
+    PDF are OCR'd; all 201 are refused, saying how to select fewer."""
+    pdf = samples.blank_pdf(201)
+    response = post_file(http, pdf, "long.pdf", pages="1-2")
+    assert response.status_code == 200, response.text
+    assert [page["index"] for page in response.json()["pages"]] == [0, 1]
+    assert_problem(post_file(http, pdf, "long.pdf"), 413, "201 pages selected .*select fewer with pages=")
+
+
+def test_an_upload_past_the_spool_size_is_read_from_disk(http):
+    """A body above 1 MiB (an uncompressed two-page TIFF, 1.8 MB) reaches the decoding processes
+    from a temporary file, multipart or raw, with the same result."""
+    page = samples.phototest()
+    tiff = samples.encode(page, "TIFF", save_all=True, append_images=[page])
+    assert len(tiff) > 1 << 20
+    multipart = post_file(http, tiff, "big.tif")
+    raw = http.post("/v1/ocr", content=tiff, headers={"content-type": "image/tiff"})
+    for response in (multipart, raw):
+        assert response.status_code == 200, response.text
+        pages = response.json()["pages"]
+        assert len(pages) == 2 and all("12 point text" in p["text"] for p in pages)
 
 
 def test_bad_parameters(http):
@@ -193,8 +218,11 @@ def test_a_deadline_too_short_for_the_work_is_refused_at_admission(http):
 def test_metrics_count_requests(http):
     post_file(http, (DATA / "phototest.tif").read_bytes())
     post_file(http, samples.png_header_only(40000, 40000))
+    assert http.get("/openapi.json").status_code == 200 and http.get("/docs").status_code == 200
     text = http.get("/metrics").text
     assert re.search(r'ocrserve_http_requests_total\{route="/v1/ocr",status="200"\} [1-9]', text)
+    for route in ("/openapi.json", "/docs"):  # FastAPI's own routes by their path, not "unmatched"
+        assert re.search(rf'ocrserve_http_requests_total\{{route="{route}",status="200"\}} [1-9]', text), route
     assert "ocrserve_http_request_duration_seconds_bucket" in text
     assert re.search(r'ocrserve_pages_total\{outcome="ok"\} [1-9]', text)
     assert "ocrserve_engine_ready 1.0" in text

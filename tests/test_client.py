@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from ocrserve.bench.harness import free_port
 from ocrserve.client import collect_documents
 from tests.conftest import DATA, ground_truth
 
@@ -51,3 +56,38 @@ def test_cli_out_keeps_subfolders_so_same_names_do_not_collide(gateway, tmp_path
     assert "wrote 2 result(s)" in done.stderr
     assert (tmp_path / "out" / "a" / "x.tif.txt").read_text().startswith(ground_truth("phototest.tif")[:30])
     assert (tmp_path / "out" / "b" / "x.tif.txt").read_text().startswith("Multipage\nTIFF\nExample\nPage 1")
+
+
+def test_cli_json_on_stdout_is_json_lines_and_the_bar_names_its_unit(gateway, tmp_path):
+    """Several documents with ``--format json`` on stdout: one JSON object a line, with its
+    ``file`` (``jq`` reads it); the progress bar on stderr counts documents and says so."""
+    (tmp_path / "in").mkdir()
+    for sample in ("phototest.tif", "testTIFF_multipage.tif"):
+        (tmp_path / "in" / sample).write_bytes((DATA / sample).read_bytes())
+    command = [sys.executable, "-m", "ocrserve", "ocr", str(tmp_path / "in"), "--format", "json", "--url", gateway.url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(Path(r["file"]).name, len(r["pages"])) for r in results] == [
+        ("phototest.tif", 1),
+        ("testTIFF_multipage.tif", 2),
+    ]
+    assert "2/2 documents" in done.stderr
+    if shutil.which("jq"):
+        files = subprocess.run(["jq", "-r", ".file"], input=done.stdout, capture_output=True, text=True, check=True)
+        assert [Path(f).name for f in files.stdout.split()] == ["phototest.tif", "testTIFF_multipage.tif"]
+
+
+def test_cli_without_a_gateway_names_the_url_and_exits_2_at_once():
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ocrserve", "ocr", str(DATA / "phototest.tif"), "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 5  # no retries against nothing
+    assert f"no gateway answers at {url}" in done.stderr and "ocrserve launch" in done.stderr

@@ -106,8 +106,11 @@ def test_cli_unknown_set_key_is_an_error():
 
 
 def test_cli_dry_run_and_profiles():
-    result = runner.invoke(app, ["launch", "--dry-run", "--port", "9400"])
-    assert result.exit_code == 0 and "ocrserve launch --profile local --host 127.0.0.1 --port 9400" in result.output
+    result = runner.invoke(app, ["launch", "--dry-run", "--port", "9400", "--set", "router.fast.weight=5"])
+    gateway = "ocrserve launch --profile local --host 127.0.0.1 --port 9400 --set router.fast.weight=5"
+    assert result.exit_code == 0 and gateway in result.output
+    banner = result.output.splitlines()[:2]  # the profile's file and the overrides, before anything else
+    assert "profiles/local.yaml" in banner[0] and banner[1].strip() == "--set router.fast.weight=5"
     listed = runner.invoke(app, ["profiles"])
     assert listed.exit_code == 0 and "local" in listed.output and "onnx" in listed.output
 
@@ -117,3 +120,6 @@ def test_cli_help_has_examples():
         result = runner.invoke(app, [command, "--help"])
         assert result.exit_code == 0
     assert "ocrserve ocr scans/" in runner.invoke(app, ["ocr", "--help"]).output
+    launch_help = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"}).output
+    assert "KEY=VALUE" in launch_help and "NAME|PATH" in launch_help
+    assert not re.search(r"<(bool|str|int|list\[str\])>", launch_help), launch_help  # no Python types as metavars

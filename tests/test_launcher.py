@@ -140,6 +140,16 @@ def test_dry_run_prints_the_plan_and_both_command_lines():
     assert "engine.vllm.slots_per_replica=9" in gateway_line
 
 
+def test_dry_run_without_a_gpu_plans_for_a_named_default_and_says_so():
+    """A dry run works anywhere: on a machine without a GPU (this one, CI) it plans for the
+    ``DRY_RUN_GPU`` and says so; the table no longer repeats the vLLM command line."""
+    result = CliRunner().invoke(app, ["launch", "--profile", "prod", "--dry-run"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "no NVIDIA GPU found here; this dry run plans for the H100 80G" in result.output
+    assert "tencent/HunyuanOCR on 1 x H100 80G" in result.stdout
+    assert sum("vllm serve tencent/HunyuanOCR" in line for line in result.stdout.splitlines()) == 1
+
+
 def test_unknown_gpu_is_an_error_that_says_how_to_name_one():
     result = CliRunner().invoke(app, ["launch", "--profile", "prod", "--dry-run", "--set", "vllm.gpu=Voodoo 5"])
     assert result.exit_code == 2

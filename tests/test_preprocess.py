@@ -192,8 +192,10 @@ def test_limits_and_bad_files():
         inspect_document(b"", CFG)
     with pytest.raises(UnsupportedMedia, match="not a supported document"):
         inspect_document(b"hello, this is text\n", CFG)
-    with pytest.raises(PayloadTooLarge, match="max_pages"):
-        inspect_document(samples.blank_pdf(300), CFG)
+    with pytest.raises(PayloadTooLarge, match="max_document_pages=10000"):
+        inspect_document(samples.blank_pdf(10_001), CFG)
+    with pytest.raises(PayloadTooLarge, match="300 pages selected .*max_pages=200 a request"):
+        inspect_document(samples.blank_pdf(300), CFG).select(None, CFG)
     (failure,) = decode_all(samples.png_header_only(40000, 40000))
     assert isinstance(failure, DecodeFailure) and failure.problem.status == 413
     assert "max_page_pixels" in failure.problem.detail
@@ -316,12 +318,12 @@ def test_a_png_with_pdf_in_a_text_chunk_is_read_as_the_png():
 
 
 def test_page_counting_stops_past_the_limit():
-    """A multi-page TIFF above ``max_pages`` is refused after counting ``max_pages + 1`` frames,
-    not all of them (a 2 MB TIFF can declare 20,000)."""
+    """A multi-page TIFF above ``max_document_pages`` is refused after counting
+    ``max_document_pages + 1`` frames, not all of them (a 2 MB TIFF can declare 20,000)."""
     page = Image.new("1", (8, 8), 1)
     tiff = samples.encode(page, "TIFF", save_all=True, append_images=[page] * 59)  # 60 frames
-    cfg = CFG.model_copy(update={"max_pages": 5})
-    with pytest.raises(PayloadTooLarge, match="the document has 6 pages or more; .*max_pages=5"):
+    cfg = CFG.model_copy(update={"max_document_pages": 5})
+    with pytest.raises(PayloadTooLarge, match="the document has 6 pages or more; .*max_document_pages=5"):
         inspect_document(tiff, cfg)
 
 

@@ -3,18 +3,15 @@
 Proves what an editable install cannot: the package data (profiles, registry entries, Lua scripts)
 is in the wheel and found through ``importlib.resources``, the ``ocrserve`` console script works,
 and nothing needs the checkout or its working directory. The new venv gets the current venv's
-dependencies through a ``.pth`` line naming its site-packages (no download); a plain path line
-does not run that directory's own ``.pth`` files, so the checkout's editable finder stays out.
+dependencies without a download (:func:`tests.venvs.share_dependencies`).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import venv
 from pathlib import Path
 
@@ -23,6 +20,7 @@ import pytest
 
 from ocrserve.bench.harness import LocalGateway, free_port
 from tests.conftest import DATA, ground_truth
+from tests.venvs import clean_env, require_setuptools, share_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Words of phototest.tif's ground truth the CPU engine must read.
@@ -37,36 +35,11 @@ def _run(*args: str | Path, **kwargs) -> str:
     return done.stdout
 
 
-def _clean_env(venv_dir: Path, data_home: Path) -> dict[str, str]:
-    """This environment less anything pointing at the checkout or configuring ocrserve."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
-        and not (k.startswith("OCRSERVE_") and k != "OCRSERVE_TEST_LOGS")
-    }
-    env["PATH"] = f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["VIRTUAL_ENV"] = str(venv_dir)
-    env["XDG_DATA_HOME"] = str(data_home)  # the job store and uploads, not in ~
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return env
-
-
-def _require_setuptools() -> None:
-    """``--no-build-isolation`` builds with this venv's setuptools: 77+ reads the SPDX ``license``."""
-    setuptools = pytest.importorskip("setuptools", reason="building the wheel needs setuptools in this venv")
-    if int(setuptools.__version__.split(".")[0]) < 77:
-        pytest.skip(
-            f"setuptools {setuptools.__version__} cannot build this pyproject.toml (SPDX license "
-            "expression); pip install 'setuptools>=77' into this venv"
-        )
-
-
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> Path:
     """A venv outside the checkout with the checkout's wheel installed (``--no-deps``) and the
     current venv's site-packages visible for the dependencies."""
-    _require_setuptools()
+    require_setuptools()
     base = tmp_path_factory.mktemp("wheel")
     # Build from a copy: setuptools writes build/ (and egg-info) into the tree it builds.
     source = base / "src"
@@ -116,14 +89,12 @@ def wheel_venv(tmp_path_factory) -> Path:
         "-q",
         wheel,
     )
-    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
-    ours = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
-    (site / "zz_ocrserve_test_deps.pth").write_text("".join(f"{path}\n" for path in ours))
+    share_dependencies(env_dir)
     return env_dir
 
 
 def test_wheel_carries_the_package_data(wheel_venv, tmp_path):
-    env = _clean_env(wheel_venv, tmp_path / "data")
+    env = clean_env(wheel_venv, tmp_path / "data")
     where = _run(
         wheel_venv / "bin" / "python",
         "-c",
@@ -156,7 +127,7 @@ class WheelGateway(LocalGateway):
 
 
 def test_wheel_launch_serves_ocr_from_any_directory(wheel_venv, tmp_path):
-    gateway = WheelGateway(wheel_venv, tmp_path, _clean_env(wheel_venv, tmp_path / "data"), tmp_path / "launch.log")
+    gateway = WheelGateway(wheel_venv, tmp_path, clean_env(wheel_venv, tmp_path / "data"), tmp_path / "launch.log")
     try:
         try:
             gateway.wait_ready(timeout=120)

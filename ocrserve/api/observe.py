@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from starlette.routing import Match
+
 from ocrserve import metrics
 
 
@@ -29,7 +31,19 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
+            template = _template(scope)
             metrics.REQUESTS.labels(template, str(status)).inc()
             metrics.REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
+
+
+def _template(scope) -> str:
+    """The route template that served ``scope``: the one FastAPI recorded, else the app's plain
+    Starlette route that matches (``/docs``, ``/openapi.json``), else ``unmatched``."""
+    route = scope.get("route")
+    if route is not None:
+        return route.path
+    app = scope.get("app")
+    for candidate in getattr(app, "routes", ()):
+        if candidate.matches(scope)[0] is Match.FULL:
+            return getattr(candidate, "path", "unmatched")
+    return "unmatched"

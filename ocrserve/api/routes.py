@@ -16,7 +16,7 @@ from ocrserve.api.params import IdempotencyKey, OcrParams, PreferHeader, ocr_par
 from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.schemas import OcrResult
 from ocrserve.api.schemas import Problem as ProblemSchema
-from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, document_bytes, form_limits, job_uploads
+from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, document_file, form_limits, job_uploads
 from ocrserve.errors import DeadlinePassed, EngineUnavailable
 
 api = APIRouter(dependencies=[Depends(require_api_key)], route_class=UploadRoute)
@@ -85,9 +85,9 @@ async def ocr(
         uploads = await job_uploads(request, [file] if file else None, params.filename)
         return await accept_job(request, uploads, params.as_job(), idempotency_key, respond_async=True)
     require_ready(request)
-    data = await document_bytes(request, file)
+    document = await document_file(request, file)
     client = client_of(request, request.app.state.config.router.fair_by)
-    work = request.app.state.service.ocr(data, pages=params.pages, work=replace(params.work_item(), client=client))
+    work = request.app.state.service.ocr(document, pages=params.pages, work=replace(params.work_item(), client=client))
     try:
         result, cached = await until_disconnect(request, work)
     except DeadlinePassed as late:
@@ -98,6 +98,8 @@ async def ocr(
             slug=late.slug,
             headers=late.headers,
         ) from None
+    finally:
+        document.close()
     response = render(result, params.format)
     response.headers["X-Cache"] = "hit" if cached else "miss"
     return response
@@ -111,6 +113,7 @@ async def models(request: Request) -> dict:
     limits = {
         "max_upload_mb": cfg.server.max_upload_mb,
         "max_pages": cfg.preprocess.max_pages,
+        "max_document_pages": cfg.preprocess.max_document_pages,
         "max_page_pixels": cfg.preprocess.max_page_pixels,
         "min_pixels": cfg.preprocess.min_pixels,
         "max_pixels": cfg.preprocess.max_pixels,

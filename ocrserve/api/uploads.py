@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from fastapi import Request, UploadFile
 from fastapi.responses import Response
@@ -73,7 +73,7 @@ class UploadRoute(APIRoute):
 
 async def read_form(request: Request, max_files: int, setting: str) -> None:
     """Parse a multipart body (Starlette caches the form on the request); other bodies are left
-    unread for :func:`document_bytes` and :func:`job_uploads`.
+    unread for :func:`document_file` and :func:`job_uploads`.
 
     Raises:
         BadRequest: more than ``max_files`` files or :data:`MAX_FIELDS` other fields, or a
@@ -118,16 +118,32 @@ def _raw_body_type(request: Request) -> None:
         )
 
 
-async def document_bytes(request: Request, file: UploadFile | None) -> bytes:
-    """The bytes of the one document of a synchronous request: its ``file``, else the raw body.
+async def document_file(request: Request, file: UploadFile | None) -> BinaryIO:
+    """The one document of a synchronous request as a binary file at its start: its ``file``
+    (spooled by the form parser), else the raw body, spooled as it arrives (empty when there is
+    none). Memory holds at most :data:`~ocrserve.service.SPOOL_BYTES` of it; the rest is on disk.
+    The caller closes it.
 
     Raises:
         BadRequest, UnsupportedMedia: see :func:`_raw_body_type`.
     """
     if file is not None:
-        return await file.read()
+        return file.file
     _raw_body_type(request)
-    return await request.body()
+    return (await _spool_body(request)).file
+
+
+async def _spool_body(request: Request) -> UploadFile:
+    """The raw body in a spooled temporary file, at its start."""
+    spool = UploadFile(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES), size=0)  # noqa: SIM115 (outlives this call)
+    try:
+        async for chunk in request.stream():
+            await spool.write(chunk)
+        await spool.seek(0)
+    except BaseException:
+        await spool.close()
+        raise
+    return spool
 
 
 async def job_uploads(request: Request, files: list[UploadFile] | None, filename: str | None) -> list[Upload]:
@@ -141,17 +157,8 @@ async def job_uploads(request: Request, files: list[UploadFile] | None, filename
     if files:
         return [Upload(f.filename or f"document-{n}", f.file) for n, f in enumerate(files)]
     _raw_body_type(request)
-    spool = UploadFile(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))  # noqa: SIM115 (outlives this call)
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            await spool.write(chunk)
-        await spool.seek(0)
-    except BaseException:
-        await spool.close()
-        raise
-    if not size:
+    spool = await _spool_body(request)
+    if not spool.size:
         await spool.close()
         return []
     return [Upload(filename or "document", spool.file)]

@@ -13,7 +13,8 @@ err_console = Console(stderr=True)
 
 #: The repeatable ``--set key=value`` option of the commands that load a profile.
 Overrides = Annotated[
-    list[str] | None, typer.Option("--set", help="Override any key: --set engine.onnx.det_workers=2 (repeatable)")
+    list[str] | None,
+    typer.Option("--set", metavar="KEY=VALUE", help="Override any key: --set engine.onnx.det_workers=2 (repeatable)"),
 ]
 
 

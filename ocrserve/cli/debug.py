@@ -216,7 +216,7 @@ def _print_report(console: Console, report: dict) -> None:
 
 
 def debug(
-    file: Annotated[Path, typer.Argument(help="An image or PDF.")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="An image or PDF.")],
     profile: Annotated[
         str, typer.Option(help="Profile of the transformers engine: preprocessing, model, device, guards.")
     ] = "debug",

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ocrserve.cli.common import Overrides, err_console, load_or_exit
 from ocrserve.cli.plan_render import render_table
-from ocrserve.config import Config
+from ocrserve.config import Config, profile_path
 from ocrserve.engines import create_engine
 from ocrserve.gpu.launcher import (
     AddressTaken,
@@ -23,19 +24,33 @@ from ocrserve.gpu.launcher import (
     run_with_vllm,
     vllm_command,
 )
-from ocrserve.gpu.planner import PlanError
-from ocrserve.gpu.registry import GpuError
+from ocrserve.gpu.planner import Plan, PlanError
+from ocrserve.gpu.registry import GpuError, NoGpuFound
 from ocrserve.models import ModelError
+
+#: The GPU a dry run plans for on a machine without one (unless ``vllm.gpu`` names another).
+DRY_RUN_GPU = "H100 80G"
 
 
 def launch(
     profile: Annotated[
-        str, typer.Option(help="Shipped profile (local, prod, gpu-24g, ...; see `ocrserve profiles`) or a YAML path.")
+        str,
+        typer.Option(
+            metavar="NAME|PATH",
+            help="Shipped profile (local, prod, gpu-24g, ...; see `ocrserve profiles`) or a YAML path.",
+        ),
     ] = "local",
-    host: Annotated[str | None, typer.Option(help="Bind address (server.host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (server.port).")] = None,
+    host: Annotated[str | None, typer.Option(metavar="ADDRESS", help="Bind address (server.host).")] = None,
+    port: Annotated[int | None, typer.Option(metavar="PORT", help="Port (server.port, default 8000).")] = None,
     set_: Overrides = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and command lines, then exit 0.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan and command lines, then exit 0; without a GPU here, plan for vllm.gpu "
+            f"or else the {DRY_RUN_GPU}.",
+        ),
+    ] = False,
 ) -> None:
     """Start the OCR gateway for a profile; for prod, plan and start vLLM first.
 
@@ -65,18 +80,21 @@ def launch(
         overrides.append(f"server.port={port}")
     config = load_or_exit(profile, overrides)
     Console().print(
-        f"[bold]ocrserve[/bold] profile [cyan]{config.profile}[/cyan]: engine {config.engine.kind} "
-        f"({config.engine.model}) on http://{config.server.host}:{config.server.port}",
+        f"[bold]ocrserve[/bold] profile [cyan]{escape(config.profile)}[/cyan] ({escape(str(profile_path(profile)))}): "
+        f"engine {config.engine.kind} ({escape(config.engine.model)}) on "
+        f"http://{config.server.host}:{config.server.port}"
+        + "".join(f"\n  --set {escape(item)}" for item in set_ or []),
         soft_wrap=True,
     )
+    user_sets = list(set_ or [])
     if manages_vllm(config):
-        _launch_with_vllm(config, dry_run)
+        _launch_with_vllm(config, dry_run, user_sets)
         return
     try:
         create_engine(config)  # loads nothing: a bad engine section fails here, not in the server
     except ValueError as exc:
         raise _fail(exc, 2) from None
-    typer.echo("gateway: " + shlex.join(gateway_command(config)))
+    typer.echo("gateway: " + shlex.join(gateway_command(config, user_sets)))
     if not dry_run:
         try:
             run_gateway(config)
@@ -84,21 +102,41 @@ def launch(
             raise _fail(exc) from None
 
 
-def _launch_with_vllm(config: Config, dry_run: bool) -> None:
+def _launch_with_vllm(config: Config, dry_run: bool, user_sets: list[str]) -> None:
     try:
-        plan = plan_for(config)
+        plan = _plan(config, dry_run)
     except (ModelError, GpuError, PlanError) as exc:
         hint = " For ocrserve launch: --set vllm.gpu=NAME or --set vllm.gpu_memory_gib=GIB." * isinstance(exc, GpuError)
         raise _fail(f"{exc}{hint}", 2) from None
-    Console().print(render_table(plan))
+    Console().print(render_table(plan, command=False))
     typer.echo("vLLM:    " + shlex.join(vllm_command(config, plan)))
-    typer.echo("gateway: " + shlex.join(gateway_command(gateway_config(config, plan))))
+    typer.echo("gateway: " + shlex.join(gateway_command(gateway_config(config, plan), user_sets)))
     if dry_run:
         return
     try:
         raise typer.Exit(run_with_vllm(config, plan))
     except (VllmStartError, AddressTaken) as exc:
         raise _fail(exc) from None
+
+
+def _plan(config: Config, dry_run: bool) -> Plan:
+    """:func:`plan_for`; a dry run on a machine without a GPU plans for :data:`DRY_RUN_GPU` and
+    says so (a real launch needs the GPU it plans for).
+
+    Raises:
+        ModelError, GpuError, PlanError: as :func:`plan_for`.
+    """
+    try:
+        return plan_for(config)
+    except NoGpuFound as exc:
+        if not dry_run:
+            raise
+        err_console.print(
+            f"[yellow]note:[/yellow] {escape(str(exc).split(' (')[0])} here; this dry run plans for the "
+            f"{DRY_RUN_GPU} (name another with --set vllm.gpu=NAME)",
+            soft_wrap=True,
+        )
+        return plan_for(config.model_copy(update={"vllm": config.vllm.model_copy(update={"gpu": DRY_RUN_GPU})}))
 
 
 def _fail(exc: Exception | str, code: int = 1) -> typer.Exit:

@@ -1,6 +1,7 @@
 """``ocrserve ocr``: send files to a running gateway, with a progress bar.
 
-Synchronously (``POST /v1/ocr``, one request per file), or with ``--async`` as durable jobs: every
+Synchronously (``POST /v1/ocr``, one request per file; the bar counts documents), or with
+``--async`` as durable jobs: every
 file is submitted first (``POST /v1/jobs``, with an ``Idempotency-Key`` from its sha256 and the
 parameters), then each job is followed over its Server-Sent Events (the bar counts pages) and its
 result written next to its input. Interrupted and run again, it skips the files whose results
@@ -46,6 +47,35 @@ def _serialize(result: dict | str) -> str:
     return json.dumps(result, ensure_ascii=False, indent=2) if isinstance(result, dict) else result
 
 
+def _print_results(docs: dict[Path, Path], outcomes: dict[Path, str | Exception], fmt: str) -> None:
+    """Print the results that succeeded on stdout. JSON: one document's result as it came, several
+    as JSON Lines (one compact object a line, with its ``file``), so ``jq`` reads either. Text and
+    markdown: each document after a ``==> FILE <==`` line when there are several (pages within a
+    document are separated by a form feed in text)."""
+    done = [doc for doc in docs if not isinstance(outcomes[doc], Exception)]
+    for doc in done:
+        if fmt == "json" and len(docs) > 1:
+            typer.echo(json.dumps({"file": str(doc), **json.loads(outcomes[doc])}, ensure_ascii=False))
+            continue
+        if len(docs) > 1:
+            typer.echo(f"==> {doc} <==")
+        typer.echo(outcomes[doc])
+
+
+def _check_reachable(url: str) -> None:
+    """Exit with status 2 and a message naming ``url`` when no gateway answers there (connection
+    refused, unknown host), instead of retrying every document."""
+    try:
+        httpx.get(url.rstrip("/") + "/healthz", timeout=5)
+    except httpx.TransportError as exc:
+        err_console.print(
+            f"[red]error:[/red] no gateway answers at {url} ({exc or type(exc).__name__}). Start one with "
+            "`ocrserve launch`, or point --url (or OCRSERVE_URL) at yours.",
+            highlight=False,
+        )
+        raise typer.Exit(2) from None
+
+
 async def _run(
     docs: dict[Path, Path],
     url: str,
@@ -57,7 +87,7 @@ async def _run(
 ) -> dict[Path, str | Exception]:
     outcomes: dict[Path, str | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
-    with _progress() as progress:
+    with _progress("documents") as progress:
         task = progress.add_task("", total=len(docs))
         async with OcrClient(url, api_key=api_key) as client:
 
@@ -76,11 +106,13 @@ async def _run(
     return outcomes
 
 
-def _progress() -> Progress:
+def _progress(unit: str) -> Progress:
+    """A progress bar counting ``unit`` (``documents`` or ``pages``)."""
     columns = (
         TextColumn("[bold]OCR"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn(unit),
         TimeElapsedColumn(),
         TextColumn("{task.description}"),
     )
@@ -107,7 +139,7 @@ async def _run_jobs(
         else:
             todo.append(doc)
     limit = asyncio.Semaphore(concurrency)
-    with _progress() as progress:
+    with _progress("pages") as progress:
         bar = progress.add_task("submitting", total=0)
         async with OcrClient(url, api_key=api_key) as client:
 
@@ -155,19 +187,24 @@ async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, target: P
 
 
 def ocr(
-    paths: Annotated[list[Path], typer.Argument(help="Files or directories (searched recursively).")],
-    url: Annotated[str, typer.Option(envvar="OCRSERVE_URL", help="Gateway base URL.")] = "http://127.0.0.1:8000",
-    format: Annotated[str, typer.Option("--format", "-f", help="text, json or markdown.")] = "text",
+    paths: Annotated[
+        list[Path], typer.Argument(metavar="PATH...", help="Files or directories (searched recursively).")
+    ],
+    url: Annotated[
+        str, typer.Option(envvar="OCRSERVE_URL", metavar="URL", help="Gateway base URL.")
+    ] = "http://127.0.0.1:8000",
+    format: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="text, json or markdown.")] = "text",
     out: Annotated[
         Path | None,
         typer.Option(
+            metavar="DIR",
             help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are kept).",
         ),
     ] = None,
-    pages: Annotated[str | None, typer.Option(help="Page ranges, e.g. 1-3,5.")] = None,
+    pages: Annotated[str | None, typer.Option(metavar="RANGES", help="Page ranges, e.g. 1-3,5.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Documents in flight at once.")] = 4,
     api_key: Annotated[
-        str | None, typer.Option(envvar="OCRSERVE_API_KEY", help="API key, if the server wants one.")
+        str | None, typer.Option(envvar="OCRSERVE_API_KEY", metavar="KEY", help="API key, if the server wants one.")
     ] = None,
     async_: Annotated[
         bool,
@@ -181,11 +218,19 @@ def ocr(
 ) -> None:
     """OCR files through a running gateway (start one with `ocrserve launch`).
 
+    Results go to stdout, or with --out to files. On stdout, --format json prints one document's
+    result as JSON and several as JSON Lines (one object a line, with its "file"), so `jq` reads
+    either; text and markdown put a `==> FILE <==` line before each of several documents, and text
+    separates a document's pages with a form feed. The bar counts documents (pages with --async).
+    Exit status: 0 all done, 1 some failed, 2 bad arguments or no gateway at --url.
+
     Examples:
 
         ocrserve ocr examples/phototest.tif
 
         ocrserve ocr scans/ --format json --out results/
+
+        ocrserve ocr scans/ --format json | jq -r '.file + ": " + (.usage.pages|tostring)'
 
         ocrserve ocr report.pdf --pages 1-3 --format markdown --url http://ocr.internal:8000
 
@@ -204,16 +249,13 @@ def ocr(
         raise typer.Exit(2)
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    _check_reachable(url)
     if async_:
         _report_jobs(asyncio.run(_run_jobs(docs, url, format, out, concurrency, api_key, pages, priority)))
     outcomes = asyncio.run(_run(docs, url, format, out, concurrency, api_key, pages))
     failed = {d: o for d, o in outcomes.items() if isinstance(o, Exception)}
     if not out:
-        for doc in docs:
-            if not isinstance(outcomes[doc], Exception):
-                if len(docs) > 1:
-                    typer.echo(f"==> {doc} <==")
-                typer.echo(outcomes[doc])
+        _print_results(docs, outcomes, format)
     for doc, exc in failed.items():
         err_console.print(f"[red]failed[/red] {doc}: {exc}")
     if out:

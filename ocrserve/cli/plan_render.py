@@ -45,9 +45,9 @@ def _show(step: Step) -> str:
     return str(step.value)
 
 
-def render_table(plan: Plan):
-    """A Rich renderable: one row per quantity with value and derivation, then the command line
-    and the warnings."""
+def render_table(plan: Plan, command: bool = True):
+    """A Rich renderable: one row per quantity with value and derivation, then (with ``command``)
+    the command line, and the warnings."""
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
@@ -60,7 +60,7 @@ def render_table(plan: Plan):
     table = Table("quantity", "value", "derivation", title=title, show_lines=False, expand=False)
     for step in plan.steps:
         table.add_row(escape(step.label), _show(step), escape(step.derivation))
-    parts = [table, Text("vLLM command line:", style="bold"), Text(render_argv(plan))]
+    parts = [table, *([Text("vLLM command line:", style="bold"), Text(render_argv(plan))] if command else [])]
     parts += [Text("warning: " + w, style="yellow") for w in plan.warnings]
     return Group(*parts)
 

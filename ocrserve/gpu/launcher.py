@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Sequence
 
 import httpx
 import uvicorn
@@ -69,9 +71,10 @@ def manages_vllm(config: Config) -> bool:
     return config.engine.kind == "vllm" and not config.engine.vllm.base_urls
 
 
-def gateway_command(config: Config) -> list[str]:
-    """The gateway's equivalent command line, for ``--dry-run`` and logs (with the vLLM servers it
-    would reach, so it runs alone against them)."""
+def gateway_command(config: Config, overrides: Sequence[str] = ()) -> list[str]:
+    """The gateway's equivalent command line, for ``--dry-run`` and logs: the profile, address,
+    the ``--set`` ``overrides`` it was given and, for vLLM, the servers it would reach, so that it
+    runs alone against them."""
     args = [
         "ocrserve",
         "launch",
@@ -82,6 +85,8 @@ def gateway_command(config: Config) -> list[str]:
         "--port",
         str(config.server.port),
     ]
+    for item in overrides:
+        args += ["--set", item]
     client = config.engine.vllm
     if config.engine.kind == "vllm" and client.base_urls:
         args += [
@@ -129,7 +134,8 @@ def listening_socket(config: Config) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise AddressTaken(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        hint = " (is another gateway running? choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise AddressTaken(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
     sock.set_inheritable(True)
     return sock
 

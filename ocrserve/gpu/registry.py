@@ -241,6 +241,10 @@ class GpuError(LookupError):
     """An unknown GPU name, or no GPU could be detected; the message says what to do."""
 
 
+class NoGpuFound(GpuError):
+    """``auto`` detection found no GPU on this machine."""
+
+
 def _keys(spec: GpuSpec) -> set[str]:
     return {normalize(spec.name), *(normalize(a) for a in spec.aliases)}
 
@@ -418,7 +422,7 @@ def detect() -> DetectedGpu:
         if not found and not errors[1:]:
             errors.append("nvidia-smi: not found or reported no GPU")
     if not found:
-        raise GpuError(
+        raise NoGpuFound(
             "no NVIDIA GPU found (" + "; ".join(errors) + "). Name one with --gpu NAME "
             "(see `ocrserve plan --help`) or give its memory with --gpu-memory GIB."
         )

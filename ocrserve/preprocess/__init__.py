@@ -90,10 +90,18 @@ class DocumentInfo:
 
         Raises:
             BadRequest: malformed ranges, or a page beyond the document.
-            PayloadTooLarge: 413 naming the first too-large page and the limit, or a page whose
-                aspect ratio no pixel budget can hold (:func:`target_size`).
+            PayloadTooLarge: more than ``cfg.max_pages`` pages selected; 413 naming the first
+                too-large page and the limit; or a page whose aspect ratio no pixel budget can hold
+                (:func:`target_size`).
         """
         indices = parse_page_ranges(pages, self.page_count)
+        if len(indices) > cfg.max_pages:
+            raise PayloadTooLarge(
+                f"{len(indices)} pages selected of the document's {self.page_count}; the limit is "
+                f"preprocess.max_pages={cfg.max_pages} a request: select fewer with pages= (e.g. "
+                f"pages=1-{cfg.max_pages})",
+                slug="too-many-pages",
+            )
         if indices and all(math.prod(self.sizes[i]) > cfg.max_page_pixels for i in indices):
             _check_pixels(*self.sizes[indices[0]], cfg, indices[0])
         for i in indices:
@@ -236,7 +244,7 @@ def inspect_document(source: Source, cfg: PreprocessConfig) -> DocumentInfo:
 
     Raises:
         UnsupportedMedia: empty, unknown or undecodable file (415).
-        PayloadTooLarge: more than ``cfg.max_pages`` pages (413).
+        PayloadTooLarge: more than ``cfg.max_document_pages`` pages (413).
     """
     head = _read_head(source)
     if not head:
@@ -255,7 +263,7 @@ def _inspect(source: Source, head: bytes, cfg: PreprocessConfig) -> DocumentInfo
             pdf.close()
     else:
         image = _open_image(source)
-        frames = _page_frames(image, cfg.max_pages)
+        frames = _page_frames(image, cfg.max_document_pages)
         _check_page_count(len(frames), cfg)
         info = DocumentInfo("image", len(frames), tuple(_frame_size(image, f) for f in frames), frames)
         image.close()
@@ -265,9 +273,10 @@ def _inspect(source: Source, head: bytes, cfg: PreprocessConfig) -> DocumentInfo
 def _check_page_count(count: int, cfg: PreprocessConfig) -> None:
     if count == 0:
         raise UnsupportedMedia("the document has no pages", slug="empty")
-    if count > cfg.max_pages:
+    if count > cfg.max_document_pages:
         raise PayloadTooLarge(
-            f"the document has {count} pages or more; the limit is preprocess.max_pages={cfg.max_pages}",
+            f"the document has {count} pages or more; the limit is preprocess.max_document_pages="
+            f"{cfg.max_document_pages}",
             slug="too-many-pages",
         )
 

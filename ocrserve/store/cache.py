@@ -27,11 +27,6 @@ NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi
 log = logging.getLogger(__name__)
 
 
-async def sha256_hex(data: bytes) -> str:
-    """Hex sha256 of ``data``, off the event loop (hashlib releases the GIL)."""
-    return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
-
-
 class DedupCache:
     """Document results by content, parameters and model.
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import io
-import os
-import signal
 import struct
 import subprocess
 import sys
@@ -207,10 +205,10 @@ async def test_pool_recovers_after_a_worker_dies():
     preprocessor = Preprocessor(CFG)
     try:
         await preprocessor.warm_up()
-        pids = preprocessor.worker_pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)  # killed while idle, from outside
-        psutil.wait_procs([psutil.Process(pid) for pid in pids], timeout=30)  # reaped by their pool
+        processes = [psutil.Process(pid) for pid in preprocessor.worker_pids()]  # both pools
+        for process in processes:
+            process.kill()  # killed while idle, from outside
+        psutil.wait_procs(processes, timeout=30)  # reaped by their pool
         data = (DATA / "phototest.tif").read_bytes()
         info = await preprocessor.inspect(data)
         pages = [p async for chunk in preprocessor.pages(data, info, [0]) for p in chunk]

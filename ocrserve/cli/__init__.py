@@ -20,7 +20,7 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from ocrserve.cli import debug, engine, launch, ocr, plan, profiles
+    from ocrserve.cli import bench, debug, engine, launch, ocr, plan, profiles
 
     app.command(name="launch")(launch.launch)
     app.command(name="ocr")(ocr.ocr)
@@ -28,6 +28,8 @@ def _register() -> None:
     app.command(name="plan")(plan.plan)
     app.command(name="models")(plan.models)
     app.command(name="profiles")(profiles.profiles)
+    app.command(name="bench")(bench.bench)
+    app.command(name="capacity")(bench.capacity)
     app.add_typer(engine.app, name="engine")
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from rich.console import Console
 
 from ocrserve.config import Config, ConfigError, load_config
@@ -16,6 +19,47 @@ Overrides = Annotated[
     list[str] | None,
     typer.Option("--set", metavar="KEY=VALUE", help="Override any key: --set engine.onnx.det_workers=2 (repeatable)"),
 ]
+
+
+#: The repeatable ``--set-file PATH`` option: a YAML overlay of keys, as ``ocrserve bench`` writes.
+SetFiles = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--set-file",
+        metavar="YAML",
+        help="Apply a YAML overlay of keys (e.g. recommended.yaml from `ocrserve bench`) before --set (repeatable)",
+    ),
+]
+
+
+def overlay_overrides(paths: list[Path]) -> list[str]:
+    """The ``key=value`` overrides of YAML overlays (nested mappings, e.g. ``vllm: {max_num_seqs: 16}``).
+
+    Raises:
+        typer.Exit: a file that cannot be read or is not a mapping (status 2, the reason printed).
+    """
+    overrides: list[str] = []
+    for path in paths:
+        try:
+            tree = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            err_console.print(f"[bold red]error:[/bold red] --set-file {path}: {exc}")
+            raise typer.Exit(2) from None
+        if not isinstance(tree, dict):
+            err_console.print(f"[bold red]error:[/bold red] --set-file {path}: expected a mapping of keys")
+            raise typer.Exit(2)
+        overrides += _flatten(tree, "")
+    return overrides
+
+
+def _flatten(tree: dict, prefix: str) -> list[str]:
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{key}.")
+        else:
+            items.append(f"{prefix}{key}={value if isinstance(value, str) else json.dumps(value)}")
+    return items
 
 
 def load_or_exit(profile: str, overrides: list[str]) -> Config:

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ocrserve.cli.common import Overrides, err_console, load_or_exit
+from ocrserve.cli.common import Overrides, SetFiles, err_console, load_or_exit, overlay_overrides
 from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config, profile_path
 from ocrserve.engines import create_engine
@@ -43,6 +43,7 @@ def launch(
     host: Annotated[str | None, typer.Option(metavar="ADDRESS", help="Bind address (server.host).")] = None,
     port: Annotated[int | None, typer.Option(metavar="PORT", help="Port (server.port, default 8000).")] = None,
     set_: Overrides = None,
+    set_file: SetFiles = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -73,7 +74,8 @@ def launch(
 
         ocrserve launch --profile prod --set engine.vllm.base_urls=\\[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
-    overrides = list(set_ or [])
+    user_sets = overlay_overrides(set_file or []) + list(set_ or [])
+    overrides = list(user_sets)
     if host is not None:
         overrides.append(f"server.host={host}")
     if port is not None:
@@ -83,10 +85,9 @@ def launch(
         f"[bold]ocrserve[/bold] profile [cyan]{escape(config.profile)}[/cyan] ({escape(str(profile_path(profile)))}): "
         f"engine {config.engine.kind} ({escape(config.engine.model)}) on "
         f"http://{config.server.host}:{config.server.port}"
-        + "".join(f"\n  --set {escape(item)}" for item in set_ or []),
+        + "".join(f"\n  --set {escape(item)}" for item in user_sets),
         soft_wrap=True,
     )
-    user_sets = list(set_ or [])
     if manages_vllm(config):
         _launch_with_vllm(config, dry_run, user_sets)
         return

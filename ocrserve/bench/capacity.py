@@ -1,0 +1,127 @@
+"""Capacity planning from measured figures: Little's law, replicas for a target utilization, and a
+discrete-event simulation of one engine that predicts latency at an arrival rate.
+
+The engine is modelled as a batch server (the model of static batching in, e.g., Kleinrock,
+"Queueing Systems", vol. 2, section 2.7 on bulk service): it takes up to ``max_batch`` waiting
+pages at once and finishes them together after ``T(B) = a + b x B`` seconds, ``B`` the batch's
+size. ``a`` and ``b`` are fitted from a closed-loop concurrency sweep, where ``B`` pages are always in
+flight and each finishes every ``T(B) = B / throughput(B)`` seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Utilization a replica is planned for (``--utilization``): headroom for bursts of arrivals.
+TARGET_UTILIZATION = 0.7
+#: Pages the simulation runs through per prediction (after :data:`WARM_UP_PAGES`).
+SIMULATED_PAGES = 20_000
+#: Pages the simulation lets through before it measures, so the queue is in its steady state.
+WARM_UP_PAGES = 1_000
+
+
+def in_flight(rate: float, latency_s: float) -> float:
+    """Little's law, ``L = lambda x W``: pages in the system on average when ``rate`` pages/s
+    arrive and each spends ``latency_s`` seconds in it (Little, Operations Research 9(3), 1961)."""
+    return rate * latency_s
+
+
+def replicas(rate: float, service_rate: float, utilization: float = TARGET_UTILIZATION) -> int:
+    """Engine replicas for ``rate`` pages/s: ``N = ceil(lambda / (mu x rho))``, ``mu`` the pages/s one
+    replica sustains, ``rho`` the utilization each is planned for (at least 1).
+
+    Raises:
+        ValueError: a ``service_rate`` that is not positive, or ``utilization`` outside (0, 1].
+    """
+    if service_rate <= 0:
+        raise ValueError(f"a replica's service rate must be positive, got {service_rate}")
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
+    return max(1, math.ceil(rate / (service_rate * utilization) - 1e-9))
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """``T(B) = a + b x B``: seconds for a batch of ``B`` pages, at most ``max_batch`` at once.
+
+    Attributes:
+        a: seconds of a batch whatever its size.
+        b: seconds each page adds to its batch.
+        max_batch: the engine's pages at once (its slots).
+    """
+
+    a: float
+    b: float
+    max_batch: int
+
+    def seconds(self, batch: int) -> float:
+        """``T(batch)``, seconds."""
+        return self.a + self.b * batch
+
+    @property
+    def max_rate(self) -> float:
+        """Pages/s at full batches, ``max_batch / T(max_batch)``: the rate the queue cannot outgrow."""
+        return self.max_batch / self.seconds(self.max_batch)
+
+    @classmethod
+    def fit(cls, sweep: Sequence[tuple[int, float]]) -> ServiceModel:
+        """Least squares of ``T(B) = B / throughput(B)`` over a closed-loop sweep's
+        ``(concurrency B, pages/s)``; ``max_batch`` is the largest ``B``. ``a`` and ``b`` are kept
+        at 0 or more (a negative intercept from noise would make small batches free).
+
+        Raises:
+            ValueError: fewer than two distinct concurrencies, or a throughput that is not positive.
+        """
+        if any(rate <= 0 for _, rate in sweep):
+            raise ValueError("every point of the sweep needs a positive throughput")
+        points = [(b, b / rate) for b, rate in sweep]
+        sizes = {b for b, _ in points}
+        if len(sizes) < 2:
+            raise ValueError("fitting T(B) = a + b x B needs at least two concurrencies")
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        slope = max(0.0, slope)
+        intercept = max(0.0, mean_t - slope * mean_b)
+        return cls(intercept, slope, max(sizes))
+
+
+def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, seed: int = 0) -> list[float]:
+    """Latencies (seconds) of ``pages`` pages arriving as a Poisson process of ``rate`` pages/s at a
+    batch server of ``model`` (module docstring), after :data:`WARM_UP_PAGES` not counted. The
+    server starts a batch whenever it is idle and pages wait, taking up to ``max_batch`` of them.
+
+    Raises:
+        ValueError: ``rate`` not below :attr:`ServiceModel.max_rate` (the queue would grow without
+            end) or not positive.
+    """
+    if not 0 < rate < model.max_rate:
+        raise ValueError(f"rate {rate:g} pages/s must be above 0 and below the engine's {model.max_rate:.3g} pages/s")
+    rng = random.Random(seed)
+    total = pages + WARM_UP_PAGES
+    arrivals, now = [], 0.0
+    for _ in range(total):
+        now += rng.expovariate(rate)
+        arrivals.append(now)
+    waiting: deque[float] = deque()
+    latencies: list[float] = []
+    events = [(t, 0) for t in arrivals]  # (time, 0 = arrival); batch ends are (time, 1, batch)
+    heapq.heapify(events)
+    busy = False
+    while events:
+        event = heapq.heappop(events)
+        if event[1] == 0:
+            waiting.append(event[0])
+        else:
+            busy = False
+            latencies.extend(event[0] - arrived for arrived in event[2])
+        if not busy and waiting:
+            batch = [waiting.popleft() for _ in range(min(model.max_batch, len(waiting)))]
+            heapq.heappush(events, (event[0] + model.seconds(len(batch)), 1, batch))
+            busy = True
+    return latencies[WARM_UP_PAGES:]

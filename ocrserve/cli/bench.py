@@ -1,0 +1,411 @@
+"""``ocrserve bench`` (measure a gateway with real documents, find the knee, recommend a setting) and
+``ocrserve capacity`` (replicas and predicted latency for an arrival rate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ocrserve.bench.analysis import KNEE_GAIN, knee, recommend
+from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, in_flight, replicas, simulate
+from ocrserve.bench.harness import LocalGateway, percentile
+from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
+from ocrserve.bench.report import cost, quality, write
+from ocrserve.cli.common import err_console
+from ocrserve.client import collect_documents
+
+#: Requests in flight at once in an open-loop point, at most (arrivals beyond it wait for a connection).
+OPEN_LOOP_CONNECTIONS = 256
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        err_console.print(f"[red]error:[/red] {what} must be a comma-separated list of positive numbers, got {text!r}")
+        raise typer.Exit(2)
+    return values
+
+
+def _sweep(spec: str) -> tuple[str, list[str]]:
+    key, _, values = spec.partition("=")
+    if not key or not values:
+        err_console.print(f"[red]error:[/red] --sweep takes KEY=V1,V2,..., got {spec!r}")
+        raise typer.Exit(2)
+    return key, [v for v in values.split(",") if v]
+
+
+def _truths(found: dict[Path, Path]) -> dict[str, str]:
+    """Ground truth beside each document (``NAME.gt.txt``, as in ``../shared/corpus``), by name."""
+    truths = {}
+    for path, name in found.items():
+        gt = path.with_name(path.name.rsplit(".", 1)[0] + ".gt.txt")
+        if gt.is_file():
+            truths[str(name)] = gt.read_text(encoding="utf-8")
+    return truths
+
+
+def _progress(total_s: float) -> tuple[Progress, Callable[[str], Callable]]:
+    progress = Progress(
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+    )
+    task = progress.add_task("", total=total_s)
+
+    def point(label: str) -> Callable:
+        done = [0]
+
+        def tick(outcome) -> None:
+            done[0] += 1
+            progress.update(task, description=f"{label}: {done[0]} requests")
+
+        return tick
+
+    progress.start()
+    return progress, point
+
+
+async def _client_sweep(url, documents, concurrencies, rates, seconds, api_key, point) -> list[Measurement]:
+    measured = []
+    async with http_client(url, OPEN_LOOP_CONNECTIONS, api_key) as client:
+        documents = await count_pages(client, documents)
+        for c in concurrencies:
+            measured.append(await closed_loop(client, documents, int(c), seconds, point(f"concurrency {c:g}")))
+        for r in rates:
+            measured.append(await open_loop(client, documents, r, seconds, tick=point(f"rate {r:g} pages/s")))
+    return measured
+
+
+async def _server_point(url, documents: list[Document], concurrency: int, seconds: float, setting: str, point):
+    async with http_client(url, concurrency) as client:
+        documents = await count_pages(client, documents)
+        measurement = await closed_loop(client, documents, concurrency, seconds, point(setting))
+    measurement.setting = setting
+    return measurement
+
+
+def bench(
+    corpus: Annotated[
+        list[Path],
+        typer.Option(metavar="DIR|FILE", help="Documents to send (folders searched recursively; repeatable)."),
+    ],
+    url: Annotated[
+        str | None, typer.Option(metavar="URL", help="A running gateway; without it (or with --sweep) one is started.")
+    ] = None,
+    profile: Annotated[str, typer.Option(metavar="NAME|PATH", help="Profile of the gateways started here.")] = "local",
+    sweep: Annotated[
+        str | None,
+        typer.Option(metavar="KEY=V1,V2", help="Server-side sweep: start the gateway once per value of KEY."),
+    ] = None,
+    concurrency: Annotated[
+        str, typer.Option(metavar="LIST", help="Closed loop: requests in flight (with --sweep: the largest is used).")
+    ] = "1,2,4,8,16,32",
+    rate: Annotated[str | None, typer.Option(metavar="LIST", help="Open loop: Poisson arrivals, pages/s.")] = None,
+    duration: Annotated[float, typer.Option(min=1, metavar="S", help="Seconds of load per point.")] = 30.0,
+    p95: Annotated[
+        float | None, typer.Option(min=0, metavar="S", help="Latency target: recommend the best setting meeting it.")
+    ] = None,
+    knee_gain: Annotated[
+        float, typer.Option(min=0, metavar="FRACTION", help="A step adding less throughput is past the knee.")
+    ] = KNEE_GAIN,
+    max_cer_drift: Annotated[
+        float,
+        typer.Option(min=0, metavar="CER", help="Flag (exit 1) a recommendation whose text drifts more from batch 1."),
+    ] = 0.02,
+    cost_per_hour: Annotated[float | None, typer.Option(min=0, metavar="PRICE", help="Machine cost an hour.")] = None,
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Where report.json, .csv, .png go.")] = Path("bench-report"),
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OCRSERVE_API_KEY", metavar="KEY", help="API key of --url.")
+    ] = None,
+) -> None:
+    """Measure throughput and latency with real documents, find the knee, recommend a setting.
+
+    Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
+    (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
+    capacity simulator's prediction. With --sweep the gateway is started once per value (on the
+    --profile) and loaded at the largest --concurrency: the server-side batch-size curve.
+
+    The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
+    recommendation is the setting with the highest throughput whose p95 meets it. The texts at the
+    smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
+    against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
+
+    Examples:
+
+        ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
+
+        ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
+
+        ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
+    """
+    found = collect_documents(corpus)
+    if not found:
+        err_console.print("[red]error:[/red] no documents found in --corpus")
+        raise typer.Exit(2)
+    documents = load_documents(found)
+    concurrencies = _numbers(concurrency, "--concurrency")
+    rates = _numbers(rate, "--rate") if rate else []
+    if sweep:
+        key, values = _sweep(sweep)
+        measured = _run_sweep(profile, key, values, documents, int(max(concurrencies)), duration)
+        swept, title = key, f"{key} at concurrency {int(max(concurrencies))}"
+    else:
+        measured = _run_client(url, profile, documents, concurrencies, rates, duration, api_key)
+        swept, title = "concurrency", f"concurrency sweep of {url or 'a local gateway (' + profile + ')'}"
+    report = _report(measured, swept, title, p95, knee_gain, cost_per_hour, _truths(found), max_cer_drift, sweep)
+    _print(report)
+    for path in write(report, out):
+        err_console.print(f"wrote {path}")
+    raise typer.Exit(1 if report["quality"].get("flagged") else 0)
+
+
+def _run_client(url, profile, documents, concurrencies, rates, duration, api_key) -> list[Measurement]:
+    gateway = None if url else LocalGateway(profile=profile).wait_ready()
+    progress, point = _progress(duration * (len(concurrencies) + len(rates)))
+    try:
+        return asyncio.run(_client_sweep(url or gateway.url, documents, concurrencies, rates, duration, api_key, point))
+    finally:
+        progress.stop()
+        if gateway:
+            gateway.stop()
+
+
+def _run_sweep(profile, key, values, documents, concurrency, duration) -> list[Measurement]:
+    measured = []
+    progress, point = _progress(duration * len(values))
+    try:
+        for value in values:
+            with LocalGateway(f"{key}={value}", profile=profile) as gateway:
+                measurement = asyncio.run(
+                    _server_point(gateway.url, documents, concurrency, duration, f"{key}={value}", point)
+                )
+            measurement.value = float(value)
+            measured.append(measurement)
+    finally:
+        progress.stop()
+    return measured
+
+
+def _report(measured, swept, title, p95_target, gain, cost_per_hour, truths, max_drift, sweep) -> dict:
+    closed = [m for m in measured if m.mode == "closed"]
+    points = [m.point() for m in closed]
+    bend = knee(points, gain)
+    chosen = recommend(points, p95_target) if p95_target is not None else None
+    target = chosen or bend
+    by_value = {m.value: m for m in closed}
+    check = quality(by_value[min(by_value)].texts, by_value[target.value].texts, truths)
+    check["flagged"] = check["drift_cer"] is not None and check["drift_cer"] > max_drift
+    check["max_cer_drift"] = max_drift
+    report = {
+        "title": title,
+        "swept": swept,
+        "points": [m.summary() for m in measured],
+        "knee": {"value": bend.value, "pages_per_s": bend.pages_per_s, "p95_s": bend.p95_s, "gain": gain},
+        "p95_target_s": p95_target,
+        "recommendation": None
+        if chosen is None
+        else {"value": chosen.value, "pages_per_s": chosen.pages_per_s, "p95_s": chosen.p95_s},
+        "quality": check | {"baseline": min(by_value), "candidate": target.value},
+        "cost": cost(target, cost_per_hour) | ({"per_hour": cost_per_hour} if cost_per_hour is not None else {}),
+    }
+    if sweep and chosen is not None:
+        key = sweep.partition("=")[0]
+        report["overlay"] = {key: _number(chosen.value)}
+    if not sweep and len(by_value) >= 2:
+        model = ServiceModel.fit([(int(m.value), m.pages_per_s) for m in closed if m.pages_per_s > 0])
+        report["service_model"] = {"a": model.a, "b": model.b, "max_batch": model.max_batch}
+        report["open_loop"] = [_predicted(m, model) for m in measured if m.mode == "open"]
+    return report
+
+
+def _predicted(measurement: Measurement, model: ServiceModel) -> dict:
+    """An open-loop point's measured p95 beside the simulator's for the same offered rate."""
+    try:
+        simulated = percentile(simulate(model, measurement.value), 95)
+    except ValueError:  # at or past the model's capacity: no steady state to predict
+        simulated = math.inf
+    return {"rate": measurement.value, "measured_p95_s": measurement.latency(95), "simulated_p95_s": simulated}
+
+
+def _number(value: float) -> int | float:
+    return int(value) if value == int(value) else value
+
+
+def _print(report: dict) -> None:
+    console = Console()
+    table = Table(
+        "setting" if report["swept"] != "concurrency" else "point",
+        "pages/s",
+        "p50 s",
+        "p95 s",
+        "p99 s",
+        "queue p95 s",
+        "statuses",
+        title=report["title"],
+    )
+    for p in report["points"]:
+        label = p["setting"] or f"{p['mode']} {p['value']:g}"
+        table.add_row(
+            label,
+            f"{p['pages_per_s']:.2f}",
+            _s(p["p50_s"]),
+            _s(p["p95_s"]),
+            _s(p["p99_s"]),
+            _s(p["queue_p95_s"]),
+            json.dumps(p["statuses"]),
+        )
+    console.print(table)
+    k = report["knee"]
+    console.print(
+        f"knee: {report['swept']} = {k['value']:g} ({k['pages_per_s']:.2f} pages/s, p95 {_s(k['p95_s'])} s; "
+        f"the next step adds < {k['gain']:.0%})"
+    )
+    chosen = report["recommendation"]
+    if report["p95_target_s"] is not None:
+        if chosen:
+            console.print(
+                f"recommended for p95 <= {report['p95_target_s']:g} s: {report['swept']} = {chosen['value']:g} "
+                f"({chosen['pages_per_s']:.2f} pages/s, p95 {chosen['p95_s']:.2f} s)"
+            )
+        else:
+            console.print(f"[yellow]no setting meets p95 <= {report['p95_target_s']:g} s[/yellow]")
+    if report.get("overlay"):
+        console.print("profile keys: " + " ".join(f"--set {k}={v}" for k, v in report["overlay"].items()))
+    q = report["quality"]
+    drift = "n/a" if q["drift_cer"] is None else f"{q['drift_cer']:.4f}"
+    console.print(
+        f"quality: CER {report['swept']} {q['candidate']:g} vs {q['baseline']:g}: {drift} over {q['documents']} "
+        "documents "
+        f"(limit {q['max_cer_drift']:g}){' [red]FLAGGED[/red]' if q['flagged'] else ''}; vs ground truth "
+        f"{_s(q['baseline_cer_vs_truth'])} -> {_s(q['candidate_cer_vs_truth'])} ({q['scored_documents']} documents)"
+    )
+    figures = report["cost"]
+    console.print(
+        f"cost: {figures['pages_per_hour']:,} pages/hour"
+        + (f", {figures['cost_per_1000_pages']:.4f} per 1000 pages" if "cost_per_1000_pages" in figures else "")
+    )
+    for row in report.get("open_loop", []):
+        console.print(
+            f"open loop {row['rate']:g} pages/s: measured p95 {_s(row['measured_p95_s'])} s, "
+            f"simulated {_s(row['simulated_p95_s'])} s"
+        )
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def capacity(
+    rate: Annotated[float, typer.Option(min=0, metavar="PAGES_PER_S", help="Arrival rate to plan for.")],
+    p95: Annotated[float, typer.Option(min=0, metavar="S", help="Latency target, seconds.")],
+    from_bench: Annotated[
+        Path | None,
+        typer.Option(metavar="REPORT", help="report.json of `ocrserve bench` (its fitted T(B) = a + b x B)."),
+    ] = None,
+    a: Annotated[
+        float | None, typer.Option(min=0, metavar="S", help="T(B)'s fixed seconds (without --from-bench).")
+    ] = None,
+    b: Annotated[
+        float | None, typer.Option(min=0, metavar="S", help="T(B)'s seconds a page (without --from-bench).")
+    ] = None,
+    max_batch: Annotated[int | None, typer.Option(min=1, metavar="N", help="Pages an engine runs at once.")] = None,
+    utilization: Annotated[
+        float, typer.Option(min=0.01, max=1.0, metavar="RHO", help="Utilization planned per replica.")
+    ] = TARGET_UTILIZATION,
+    plot: Annotated[
+        Path | None, typer.Option(metavar="PNG", help="Plot predicted p95 against arrival rate here.")
+    ] = None,
+) -> None:
+    """Replicas and predicted latency for an arrival rate.
+
+    One replica sustains mu = max_batch / T(max_batch) pages/s at most; the plan is N = ceil(rate /
+    (mu x utilization)) replicas, each offered rate / N, and a discrete-event simulation of the
+    batch server (T(B) = a + b x B) predicts each one's p95; Little's law gives the pages in flight.
+
+    Examples:
+
+        ocrserve capacity --rate 20 --p95 5 --from-bench bench-report/report.json
+
+        ocrserve capacity --rate 3 --p95 2 --a 0.2 --b 0.15 --max-batch 2 --plot p95.png
+    """
+    model = _model(from_bench, a, b, max_batch)
+    count = replicas(rate, model.max_rate, utilization)
+    while True:
+        try:
+            latencies = simulate(model, rate / count) if rate > 0 else [model.seconds(1)]
+        except ValueError:
+            count += 1
+            continue
+        if percentile(latencies, 95) <= p95 or count >= 10_000:
+            break
+        count += 1
+    predicted = percentile(latencies, 95)
+    mean = sum(latencies) / len(latencies)
+    console = Console()
+    console.print(
+        f"engine: T(B) = {model.a:.4f} + {model.b:.4f} x B s, at most {model.max_batch} pages at once: "
+        f"{model.max_rate:.3f} pages/s"
+    )
+    console.print(
+        f"replicas: {count} (ceil({rate:g} / ({model.max_rate:.3f} x {utilization:g})) = "
+        f"{replicas(rate, model.max_rate, utilization)}, then as many as the p95 needs)"
+    )
+    console.print(
+        f"each replica: {rate / count:.3f} pages/s, simulated p95 {predicted:.3f} s (target {p95:g} s), "
+        f"mean {mean:.3f} s"
+    )
+    console.print(f"in flight (Little's law): {in_flight(rate, mean):.1f} pages across the fleet")
+    if plot:
+        _plot_capacity(model, p95, plot)
+        console.print(f"wrote {plot}")
+    raise typer.Exit(0 if predicted <= p95 else 1)
+
+
+def _model(from_bench, a, b, max_batch) -> ServiceModel:
+    if from_bench:
+        fitted = json.loads(from_bench.read_text()).get("service_model")
+        if not fitted:
+            err_console.print(
+                f"[red]error:[/red] {from_bench} has no service_model: run `ocrserve bench` with two or "
+                "more --concurrency points"
+            )
+            raise typer.Exit(2)
+        return ServiceModel(fitted["a"], fitted["b"], fitted["max_batch"])
+    if a is None or b is None or max_batch is None:
+        err_console.print("[red]error:[/red] give --from-bench REPORT, or --a, --b and --max-batch")
+        raise typer.Exit(2)
+    return ServiceModel(a, b, max_batch)
+
+
+def _plot_capacity(model: ServiceModel, p95: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [model.max_rate * f for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
+    predicted = [percentile(simulate(model, r, pages=5000), 95) for r in rates]
+    fig, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(rates, predicted, "o-", label="simulated p95")
+    axis.axhline(p95, color="tab:green", linestyle=":", label="target")
+    axis.set_xlabel("arrival rate per replica, pages/s")
+    axis.set_ylabel("p95 latency, s")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -5,7 +5,9 @@ The engine is modelled as a batch server (the model of static batching in, e.g.,
 "Queueing Systems", vol. 2, section 2.7 on bulk service): it takes up to ``max_batch`` waiting
 pages at once and finishes them together after ``T(B) = a + b x B`` seconds, ``B`` the batch's
 size. ``a`` and ``b`` are fitted from a closed-loop concurrency sweep, where ``B`` pages are always in
-flight and each finishes every ``T(B) = B / throughput(B)`` seconds.
+flight and each finishes every ``T(B) = B / throughput(B)`` seconds. Pages are not alike: each
+carries a work factor drawn from the measured ones (a page's engine seconds over the mean, at the
+sweep's lowest concurrency), and a batch takes ``a + b x (sum of its pages' factors)``.
 """
 
 from __future__ import annotations
@@ -51,16 +53,19 @@ class ServiceModel:
 
     Attributes:
         a: seconds of a batch whatever its size.
-        b: seconds each page adds to its batch.
+        b: seconds an average page adds to its batch.
         max_batch: the engine's pages at once (its slots).
+        factors: pages' work relative to the mean (mean 1), drawn at random for simulated pages;
+            ``(1.0,)``: every page alike.
     """
 
     a: float
     b: float
     max_batch: int
+    factors: tuple[float, ...] = (1.0,)
 
-    def seconds(self, batch: int) -> float:
-        """``T(batch)``, seconds."""
+    def seconds(self, batch: float) -> float:
+        """``T(batch)``, seconds; ``batch`` may be a sum of pages' factors."""
         return self.a + self.b * batch
 
     @property
@@ -69,10 +74,12 @@ class ServiceModel:
         return self.max_batch / self.seconds(self.max_batch)
 
     @classmethod
-    def fit(cls, sweep: Sequence[tuple[int, float]]) -> ServiceModel:
+    def fit(cls, sweep: Sequence[tuple[int, float]], page_seconds: Sequence[float] = ()) -> ServiceModel:
         """Least squares of ``T(B) = B / throughput(B)`` over a closed-loop sweep's
         ``(concurrency B, pages/s)``; ``max_batch`` is the largest ``B``. ``a`` and ``b`` are kept
-        at 0 or more (a negative intercept from noise would make small batches free).
+        at 0 or more (a negative intercept from noise would make small batches free). The work
+        factors are ``page_seconds`` (pages' engine seconds, at the lowest concurrency) over their
+        mean; none given: pages alike.
 
         Raises:
             ValueError: fewer than two distinct concurrencies, or a throughput that is not positive.
@@ -88,7 +95,9 @@ class ServiceModel:
         slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
         slope = max(0.0, slope)
         intercept = max(0.0, mean_t - slope * mean_b)
-        return cls(intercept, slope, max(sizes))
+        mean_page = sum(page_seconds) / len(page_seconds) if page_seconds else 0.0
+        factors = tuple(s / mean_page for s in page_seconds) if mean_page > 0 else (1.0,)
+        return cls(intercept, slope, max(sizes), factors)
 
 
 def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, seed: int = 0) -> list[float]:
@@ -104,24 +113,24 @@ def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, see
         raise ValueError(f"rate {rate:g} pages/s must be above 0 and below the engine's {model.max_rate:.3g} pages/s")
     rng = random.Random(seed)
     total = pages + WARM_UP_PAGES
-    arrivals, now = [], 0.0
+    events, now = [], 0.0  # (time, 0 = arrival, work factor); batch ends are (time, 1, arrival times)
     for _ in range(total):
         now += rng.expovariate(rate)
-        arrivals.append(now)
-    waiting: deque[float] = deque()
-    latencies: list[float] = []
-    events = [(t, 0) for t in arrivals]  # (time, 0 = arrival); batch ends are (time, 1, batch)
+        events.append((now, 0, rng.choice(model.factors)))
     heapq.heapify(events)
+    waiting: deque[tuple[float, float]] = deque()
+    latencies: list[float] = []
     busy = False
     while events:
         event = heapq.heappop(events)
         if event[1] == 0:
-            waiting.append(event[0])
+            waiting.append((event[0], event[2]))
         else:
             busy = False
             latencies.extend(event[0] - arrived for arrived in event[2])
         if not busy and waiting:
             batch = [waiting.popleft() for _ in range(min(model.max_batch, len(waiting)))]
-            heapq.heappush(events, (event[0] + model.seconds(len(batch)), 1, batch))
+            work = sum(factor for _, factor in batch)
+            heapq.heappush(events, (event[0] + model.seconds(work), 1, [arrived for arrived, _ in batch]))
             busy = True
     return latencies[WARM_UP_PAGES:]

@@ -82,6 +82,18 @@ def write(report: dict, out: Path) -> list[Path]:
     return written
 
 
+def write_mixed(rows: list[dict], out: Path) -> list[Path]:
+    """The mixed scenario's runs (one per setting) as ``mixed.json`` and ``mixed.csv`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "mixed.json", out / "mixed.csv"]
+    written[0].write_text(json.dumps({"scenario": "mixed", "runs": rows}, indent=2))
+    with written[1].open("w", newline="") as fh:
+        table = csv.DictWriter(fh, list(rows[0]))
+        table.writeheader()
+        table.writerows(rows)
+    return written
+
+
 def overlay_yaml(settings: dict[str, object]) -> dict:
     """Dotted keys (``vllm.max_num_seqs``) as the nested mapping of a profile."""
     nested: dict = {}

@@ -19,7 +19,8 @@ from ocrserve.bench.analysis import KNEE_GAIN, knee, recommend
 from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, in_flight, replicas, simulate
 from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
-from ocrserve.bench.report import cost, quality, write
+from ocrserve.bench.mixed import mixed
+from ocrserve.bench.report import cost, quality, write, write_mixed
 from ocrserve.cli.common import err_console
 from ocrserve.client import collect_documents
 
@@ -131,6 +132,12 @@ def bench(
     api_key: Annotated[
         str | None, typer.Option(envvar="OCRSERVE_API_KEY", metavar="KEY", help="API key of --url.")
     ] = None,
+    scenario: Annotated[
+        str, typer.Option(metavar="NAME", help="sweep (the batch-size curve) or mixed (interactive over a bulk flood).")
+    ] = "sweep",
+    interval: Annotated[
+        float, typer.Option(min=0.1, metavar="S", help="mixed: seconds between interactive pages.")
+    ] = 5.0,
 ) -> None:
     """Measure throughput and latency with real documents, find the knee, recommend a setting.
 
@@ -144,6 +151,12 @@ def bench(
     smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
     against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
 
+    --scenario mixed measures the lanes instead: a single-page document of --corpus sent every
+    --interval seconds (priority=interactive) alone, then the documents posted by the largest
+    --concurrency of clients as priority=bulk alone, then both, each phase --duration seconds; it
+    reports the interactive p95 under the flood against idle and bulk pages/s with the stream
+    against without (with --sweep: per value, e.g. router.mode=lanes,fifo).
+
     Examples:
 
         ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
@@ -151,7 +164,12 @@ def bench(
         ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
 
         ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
+
+        ocrserve bench --corpus scans/ --scenario mixed --sweep router.mode=lanes,fifo --concurrency 4 --duration 60
     """
+    if scenario not in ("sweep", "mixed"):
+        err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")
+        raise typer.Exit(2)
     found = collect_documents(corpus)
     if not found:
         err_console.print("[red]error:[/red] no documents found in --corpus")
@@ -159,8 +177,17 @@ def bench(
     documents = load_documents(found)
     concurrencies = _numbers(concurrency, "--concurrency")
     rates = _numbers(rate, "--rate") if rate else []
+    if scenario == "mixed":
+        settings = [f"{key}={v}" for key, values in [_sweep(sweep)] for v in values] if sweep else [""]
+        clients = int(max(concurrencies))
+        rows = [_mixed_run(url, profile, s, documents, clients, interval, duration, api_key) for s in settings]
+        _print_mixed(rows)
+        for path in write_mixed(rows, out):
+            err_console.print(f"wrote {path}")
+        return
     if sweep:
         key, values = _sweep(sweep)
+        _numbers(",".join(values), f"--sweep {key} (its knee needs numbers)")
         measured = _run_sweep(profile, key, values, documents, int(max(concurrencies)), duration)
         swept, title = key, f"{key} at concurrency {int(max(concurrencies))}"
     else:
@@ -171,6 +198,61 @@ def bench(
     for path in write(report, out):
         err_console.print(f"wrote {path}")
     raise typer.Exit(1 if report["quality"].get("flagged") else 0)
+
+
+def _mixed_run(url, profile, setting, documents, clients, interval, duration, api_key) -> dict:
+    """The mixed scenario against ``url``, or a gateway started for ``setting`` (or when no ``url``)."""
+    started = setting or not url
+    gateway = LocalGateway(*([setting] if setting else []), profile=profile).wait_ready() if started else None
+    progress, point = _progress(3 * duration)
+    try:
+        figures = asyncio.run(
+            _mixed_async(gateway.url if gateway else url, documents, clients, interval, duration, api_key, point)
+        )
+    finally:
+        progress.stop()
+        if gateway:
+            gateway.stop()
+    return {"setting": setting} | figures
+
+
+async def _mixed_async(url, documents, clients, interval, duration, api_key, point) -> dict:
+    async with http_client(url, clients + 1, api_key) as client:
+        documents = await count_pages(client, documents)
+        singles = [d for d in documents if d.pages == 1]
+        if not singles:
+            err_console.print("[red]error:[/red] --scenario mixed needs a single-page document in --corpus")
+            raise typer.Exit(2)
+        page = min(singles, key=lambda d: len(d.data))
+        return await mixed(client, page, documents, clients, interval, duration, point("mixed"))
+
+
+def _print_mixed(rows: list[dict]) -> None:
+    table = Table(
+        "setting",
+        "interactive n idle / loaded",
+        "p95 idle s",
+        "p95 under flood s",
+        "x idle",
+        "bulk pages/s alone",
+        "with stream",
+        "x alone",
+        "errors",
+        title="interactive pages over a bulk flood",
+    )
+    for r in rows:
+        table.add_row(
+            r["setting"] or "-",
+            f"{r['interactive_idle_n']} / {r['interactive_loaded_n']}",
+            _s(r["interactive_idle_p95_s"]),
+            _s(r["interactive_loaded_p95_s"]),
+            f"{r['p95_ratio']:.2f}",
+            f"{r['bulk_alone_pages_per_s']:.2f}",
+            f"{r['bulk_with_stream_pages_per_s']:.2f}",
+            f"{r['bulk_ratio']:.2f}",
+            str(r["errors"]),
+        )
+    Console().print(table)
 
 
 def _run_client(url, profile, documents, concurrencies, rates, duration, api_key) -> list[Measurement]:
@@ -226,10 +308,22 @@ def _report(measured, swept, title, p95_target, gain, cost_per_hour, truths, max
         key = sweep.partition("=")[0]
         report["overlay"] = {key: _number(chosen.value)}
     if not sweep and len(by_value) >= 2:
-        model = ServiceModel.fit([(int(m.value), m.pages_per_s) for m in closed if m.pages_per_s > 0])
-        report["service_model"] = {"a": model.a, "b": model.b, "max_batch": model.max_batch}
+        model = _fit(closed, bend.value)
+        report["service_model"] = {"a": model.a, "b": model.b, "max_batch": model.max_batch, "factors": model.factors}
         report["open_loop"] = [_predicted(m, model) for m in measured if m.mode == "open"]
     return report
+
+
+def _fit(closed: list[Measurement], knee_value: float) -> ServiceModel:
+    """The engine's ``T(B)`` from the closed-loop points up to the knee (past it, more in flight only
+    queues: it batches no more; at least the two lowest), with the work factors of the pages at the
+    lowest concurrency."""
+    ordered = sorted((m for m in closed if m.pages_per_s > 0), key=lambda m: m.value)
+    batching = [m for m in ordered if m.value <= knee_value]
+    batching = batching if len(batching) >= 2 else ordered[:2]
+    return ServiceModel.fit(
+        [(int(m.value), m.pages_per_s) for m in batching], [s for o in ordered[0].outcomes for s in o.engine_s]
+    )
 
 
 def _predicted(measurement: Measurement, model: ServiceModel) -> dict:
@@ -384,7 +478,7 @@ def _model(from_bench, a, b, max_batch) -> ServiceModel:
                 "more --concurrency points"
             )
             raise typer.Exit(2)
-        return ServiceModel(fitted["a"], fitted["b"], fitted["max_batch"])
+        return ServiceModel(fitted["a"], fitted["b"], fitted["max_batch"], tuple(fitted.get("factors", (1.0,))))
     if a is None or b is None or max_batch is None:
         err_console.print("[red]error:[/red] give --from-bench REPORT, or --a, --b and --max-batch")
         raise typer.Exit(2)

@@ -7,12 +7,13 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ocrserve.bench.analysis import KNEE_GAIN, knee, recommend
@@ -57,17 +58,24 @@ def _truths(found: dict[Path, Path]) -> dict[str, str]:
     return truths
 
 
-def _progress(total_s: float) -> tuple[Progress, Callable[[str], Callable]]:
+def _progress(points: int) -> tuple[Progress, Callable[[str], Callable]]:
+    """A bar over the run's ``points``; ``point(label)`` starts the next one and returns its
+    per-request callback (the bar shows the point's label and requests so far)."""
     progress = Progress(
         TextColumn("[bold]bench"),
         BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("points"),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         console=err_console,
     )
-    task = progress.add_task("", total=total_s)
+    task = progress.add_task("", total=points)
+    started = [0]
 
     def point(label: str) -> Callable:
+        progress.update(task, completed=started[0])
+        started[0] += 1
         done = [0]
 
         def tick(outcome) -> None:
@@ -80,14 +88,21 @@ def _progress(total_s: float) -> tuple[Progress, Callable[[str], Callable]]:
     return progress, point
 
 
-async def _client_sweep(url, documents, concurrencies, rates, seconds, api_key, point) -> list[Measurement]:
+def _stop(progress: Progress) -> None:
+    """End the bar, its points all counted."""
+    for task in progress.tasks:
+        progress.update(task.id, completed=task.total)
+    progress.stop()
+
+
+async def _client_sweep(url: str, documents: list[Document], run: Run, point) -> list[Measurement]:
     measured = []
-    async with http_client(url, OPEN_LOOP_CONNECTIONS, api_key) as client:
+    async with http_client(url, OPEN_LOOP_CONNECTIONS, run.api_key) as client:
         documents = await count_pages(client, documents)
-        for c in concurrencies:
-            measured.append(await closed_loop(client, documents, int(c), seconds, point(f"concurrency {c:g}")))
-        for r in rates:
-            measured.append(await open_loop(client, documents, r, seconds, tick=point(f"rate {r:g} pages/s")))
+        for c in run.concurrencies:
+            measured.append(await closed_loop(client, documents, int(c), run.duration, point(f"concurrency {c:g}")))
+        for r in run.rates:
+            measured.append(await open_loop(client, documents, r, run.duration, tick=point(f"rate {r:g} pages/s")))
     return measured
 
 
@@ -170,61 +185,103 @@ def bench(
     if scenario not in ("sweep", "mixed"):
         err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")
         raise typer.Exit(2)
-    found = collect_documents(corpus)
+    try:
+        found = collect_documents(corpus)
+    except (FileNotFoundError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     if not found:
         err_console.print("[red]error:[/red] no documents found in --corpus")
         raise typer.Exit(2)
     documents = load_documents(found)
-    concurrencies = _numbers(concurrency, "--concurrency")
-    rates = _numbers(rate, "--rate") if rate else []
-    if scenario == "mixed":
-        settings = [f"{key}={v}" for key, values in [_sweep(sweep)] for v in values] if sweep else [""]
-        clients = int(max(concurrencies))
-        rows = [_mixed_run(url, profile, s, documents, clients, interval, duration, api_key) for s in settings]
-        _print_mixed(rows)
-        for path in write_mixed(rows, out):
-            err_console.print(f"wrote {path}")
-        return
-    if sweep:
-        key, values = _sweep(sweep)
+    run = Run(
+        url,
+        profile,
+        sweep,
+        _numbers(concurrency, "--concurrency"),
+        _numbers(rate, "--rate") if rate else [],
+        duration,
+        api_key,
+        interval,
+    )
+    try:
+        if scenario == "mixed":
+            _bench_mixed(documents, run, out)
+        else:
+            _bench_sweep(documents, run, p95, knee_gain, max_cer_drift, cost_per_hour, _truths(found), out)
+    except typer.Exit:  # click's Exit is a RuntimeError too
+        raise
+    except RuntimeError as exc:  # a gateway that would not start, a document it would not read
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the load runs against and how (``ocrserve bench``'s options)."""
+
+    url: str | None
+    profile: str
+    sweep: str | None
+    concurrencies: list[float]
+    rates: list[float]
+    duration: float
+    api_key: str | None
+    interval: float
+
+    @property
+    def clients(self) -> int:
+        """The largest concurrency: the load of a server-side sweep, the flood's clients."""
+        return int(max(self.concurrencies))
+
+
+def _bench_mixed(documents: list[Document], run: Run, out: Path) -> None:
+    settings = [f"{key}={v}" for key, values in [_sweep(run.sweep)] for v in values] if run.sweep else [""]
+    rows = [_mixed_run(run, setting, documents) for setting in settings]
+    _print_mixed(rows)
+    for path in write_mixed(rows, out):
+        err_console.print(f"wrote {path}")
+
+
+def _bench_sweep(documents, run: Run, p95, knee_gain, max_cer_drift, cost_per_hour, truths, out: Path) -> None:
+    if run.sweep:
+        key, values = _sweep(run.sweep)
         _numbers(",".join(values), f"--sweep {key} (its knee needs numbers)")
-        measured = _run_sweep(profile, key, values, documents, int(max(concurrencies)), duration)
-        swept, title = key, f"{key} at concurrency {int(max(concurrencies))}"
+        measured = _run_sweep(run, key, values, documents)
+        swept, title = key, f"{key} at concurrency {run.clients}"
     else:
-        measured = _run_client(url, profile, documents, concurrencies, rates, duration, api_key)
-        swept, title = "concurrency", f"concurrency sweep of {url or 'a local gateway (' + profile + ')'}"
-    report = _report(measured, swept, title, p95, knee_gain, cost_per_hour, _truths(found), max_cer_drift, sweep)
+        measured = _run_client(run, documents)
+        swept, title = "concurrency", f"concurrency sweep of {run.url or 'a local gateway (' + run.profile + ')'}"
+    report = _report(measured, swept, title, p95, knee_gain, cost_per_hour, truths, max_cer_drift, run.sweep)
     _print(report)
     for path in write(report, out):
         err_console.print(f"wrote {path}")
     raise typer.Exit(1 if report["quality"].get("flagged") else 0)
 
 
-def _mixed_run(url, profile, setting, documents, clients, interval, duration, api_key) -> dict:
-    """The mixed scenario against ``url``, or a gateway started for ``setting`` (or when no ``url``)."""
-    started = setting or not url
-    gateway = LocalGateway(*([setting] if setting else []), profile=profile).wait_ready() if started else None
-    progress, point = _progress(3 * duration)
+def _mixed_run(run: Run, setting: str, documents: list[Document]) -> dict:
+    """The mixed scenario against ``run.url``, or a gateway started for ``setting`` (or when no url)."""
+    started = setting or not run.url
+    gateway = LocalGateway(*([setting] if setting else []), profile=run.profile).wait_ready() if started else None
+    progress, point = _progress(1)
     try:
-        figures = asyncio.run(
-            _mixed_async(gateway.url if gateway else url, documents, clients, interval, duration, api_key, point)
-        )
+        figures = asyncio.run(_mixed_async(gateway.url if gateway else run.url, documents, run, point))
     finally:
-        progress.stop()
+        _stop(progress)
         if gateway:
             gateway.stop()
     return {"setting": setting} | figures
 
 
-async def _mixed_async(url, documents, clients, interval, duration, api_key, point) -> dict:
-    async with http_client(url, clients + 1, api_key) as client:
+async def _mixed_async(url: str, documents: list[Document], run: Run, point) -> dict:
+    async with http_client(url, run.clients + 1, run.api_key) as client:
         documents = await count_pages(client, documents)
         singles = [d for d in documents if d.pages == 1]
         if not singles:
             err_console.print("[red]error:[/red] --scenario mixed needs a single-page document in --corpus")
             raise typer.Exit(2)
         page = min(singles, key=lambda d: len(d.data))
-        return await mixed(client, page, documents, clients, interval, duration, point("mixed"))
+        return await mixed(client, page, documents, run.clients, run.interval, run.duration, point("mixed"))
 
 
 def _print_mixed(rows: list[dict]) -> None:
@@ -255,30 +312,30 @@ def _print_mixed(rows: list[dict]) -> None:
     Console().print(table)
 
 
-def _run_client(url, profile, documents, concurrencies, rates, duration, api_key) -> list[Measurement]:
-    gateway = None if url else LocalGateway(profile=profile).wait_ready()
-    progress, point = _progress(duration * (len(concurrencies) + len(rates)))
+def _run_client(run: Run, documents: list[Document]) -> list[Measurement]:
+    gateway = None if run.url else LocalGateway(profile=run.profile).wait_ready()
+    progress, point = _progress(len(run.concurrencies) + len(run.rates))
     try:
-        return asyncio.run(_client_sweep(url or gateway.url, documents, concurrencies, rates, duration, api_key, point))
+        return asyncio.run(_client_sweep(run.url or gateway.url, documents, run, point))
     finally:
-        progress.stop()
+        _stop(progress)
         if gateway:
             gateway.stop()
 
 
-def _run_sweep(profile, key, values, documents, concurrency, duration) -> list[Measurement]:
+def _run_sweep(run: Run, key: str, values: list[str], documents: list[Document]) -> list[Measurement]:
     measured = []
-    progress, point = _progress(duration * len(values))
+    progress, point = _progress(len(values))
     try:
         for value in values:
-            with LocalGateway(f"{key}={value}", profile=profile) as gateway:
+            with LocalGateway(f"{key}={value}", profile=run.profile) as gateway:
                 measurement = asyncio.run(
-                    _server_point(gateway.url, documents, concurrency, duration, f"{key}={value}", point)
+                    _server_point(gateway.url, documents, run.clients, run.duration, f"{key}={value}", point)
                 )
             measurement.value = float(value)
             measured.append(measurement)
     finally:
-        progress.stop()
+        _stop(progress)
     return measured
 
 

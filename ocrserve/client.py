@@ -48,10 +48,12 @@ def file_sha256(path: Path) -> str:
 
 
 def idempotency_key(path: Path, **params) -> str:
-    """A job's ``Idempotency-Key`` for a file: its sha256 and the parameters, so that submitting the
-    same file with the same parameters again finds the earlier job."""
+    """A job's ``Idempotency-Key`` for a file: its name, sha256 and the parameters, so that
+    submitting the same file with the same parameters again finds the earlier job. The name counts
+    because the gateway's request does (a result carries its document's name): two copies of one
+    file under different names are two jobs, not a reused key (409)."""
     canonical = json.dumps({k: v for k, v in params.items() if v is not None}, sort_keys=True)
-    return "ocrserve-" + hashlib.sha256(f"{file_sha256(path)}:{canonical}".encode()).hexdigest()
+    return "ocrserve-" + hashlib.sha256(f"{path.name}:{file_sha256(path)}:{canonical}".encode()).hexdigest()
 
 
 def collect_documents(paths: list[Path]) -> dict[Path, Path]:

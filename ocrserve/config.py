@@ -404,6 +404,11 @@ class RouterConfig(Section):
         "visual_tokens",
         description="What a page costs: in the lanes' weights and in fair queueing between clients",
     )
+    calibrate: bool = Field(
+        True,
+        description="Time two synthetic pages (a line, a full letter page) at start, before /readyz is 200, so "
+        "admission estimates know how a page's time grows with its size from the first request",
+    )
     initial_page_s: float = Field(
         1.0,
         gt=0,

@@ -42,6 +42,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.limits import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import create_policy
+from ocrserve.servicetime import ServiceTime
 from ocrserve.work import Deadline, Priority, WorkItem, is_urgent
 
 FAST, BULK = "fast", "bulk"
@@ -49,7 +50,7 @@ FAST, BULK = "fast", "bulk"
 DRAIN_WINDOW_S = 60.0
 #: Seconds between dispatch attempts while nothing wakes the dispatcher.
 RECHECK_S = 0.5
-#: Weight of the newest page in the moving average of a page's seconds in the engine.
+#: Weight of the newest page in the moving average of a page's cost (:meth:`Router.request_cost`).
 SERVICE_EWMA = 0.2
 #: Clients a lane keeps fair-queueing tags for before dropping those whose tags are past.
 MAX_TAGGED_CLIENTS = 1024
@@ -98,8 +99,10 @@ class Lane:
         self.name = name
         self.cfg = cfg
         self._reserved: Counter[int] = Counter()  # by priority: pages admitted, not yet dispatched or released
+        self._reserved_cost: Counter[int] = Counter()  # by priority: their cost
         self.queued_cost = 0  # cost of the pages submitted and not yet dispatched or dropped
         self.in_flight = 0
+        self.in_flight_cost = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
         self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
         self._finish: dict[str, float] = {}  # each client's last finish tag
@@ -115,9 +118,14 @@ class Lane:
         more urgent; None: every one)."""
         return sum(n for p, n in self._reserved.items() if priority is None or p <= priority)
 
-    def reserve(self, priority: int, pages: int) -> None:
-        """Hold ``pages`` more pages at ``priority`` (negative: give them back)."""
+    def cost_ahead(self, priority: int | None) -> int:
+        """The cost of :meth:`ahead`'s pages."""
+        return sum(c for p, c in self._reserved_cost.items() if priority is None or p <= priority)
+
+    def reserve(self, priority: int, pages: int, cost: int) -> None:
+        """Hold ``pages`` more pages costing ``cost`` at ``priority`` (negative: give them back)."""
         self._reserved[priority] += pages
+        self._reserved_cost[priority] += cost
 
     @property
     def weight(self) -> int:
@@ -217,7 +225,8 @@ class Router:
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
-        self.page_s: float | None = None  # moving average of a page's seconds in the engine
+        self.service = ServiceTime(cfg.initial_page_s)  # a page's seconds in the engine by its cost
+        self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.limiter = LatencyLimit(self.capacity) if cfg.concurrency == "adaptive" else None
         metrics.CONCURRENCY_LIMIT.set(self.limit)
 
@@ -232,10 +241,28 @@ class Router:
         ``router.concurrency: adaptive`` the latency-following limit (:mod:`ocrserve.limits`)."""
         return self.limiter.limit if self.limiter else self.capacity
 
+    async def calibrate(self, pages: list[Page]) -> None:
+        """Run ``pages`` (synthetic ones of different cost, before clients are served) straight
+        through the engine, one at a time, and teach the admission's service-time model their
+        seconds (at the engine's full concurrency a page takes longer; later pages correct it)."""
+        for page in pages:
+            started = time.monotonic()
+            await self.engine.ocr_page(page, priority=Priority(self.cfg.fast.priority))
+            cost = self.request_cost(1, page.visual_tokens)
+            self.service.record(cost, time.monotonic() - started)
+
     @property
     def in_flight(self) -> int:
         """Pages in the engine now."""
         return sum(lane.in_flight for lane in self.lanes.values())
+
+    def request_cost(self, pages: int, visual_tokens: int | None) -> int:
+        """A request's cost: with ``router.cost: visual_tokens`` its ``visual_tokens``, or where they
+        are not known yet (a job's page, admitted before it is claimed) ``pages`` x the moving
+        average of a page's cost; with ``pages``, its pages."""
+        if self.cfg.cost != "visual_tokens":
+            return pages
+        return visual_tokens or max(1, round(pages * self.page_cost))
 
     def start(self) -> None:
         """Start the dispatcher on the running event loop."""
@@ -311,17 +338,17 @@ class Router:
         priority = lane.cfg.priority if priority is None else priority
         if lane.ahead(priority) + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages, priority)
-        estimate = self.estimate_s(lane, pages, priority)
+        cost = self.request_cost(pages, visual_tokens)
+        estimate = self.estimate_s(lane, pages, cost, priority)
         if deadline is not None:
             self._check_deadline(lane, pages, deadline, estimate)
-        cost = visual_tokens if self.cfg.cost == "visual_tokens" and visual_tokens else pages
-        reservation = Reservation(lane, pages, priority, next(self._admitted), *lane.tag(client, cost))
+        reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.tag(client, cost))
         admitted = time.monotonic()
         lane.enter(client)
         try:
             yield reservation
         finally:
-            reservation.release(reservation.left)
+            reservation.release(reservation.left, reservation.cost_left)
             lane.leave(client)
             self._account(lane, admitted, estimate, deadline)
 
@@ -342,22 +369,19 @@ class Router:
         problem.status = self.cfg.overload_status
         raise problem
 
-    def estimate_s(self, lane: Lane, pages: int, priority: int | None = None) -> float:
-        """Seconds until ``pages`` more pages of ``priority`` admitted to ``lane`` now would be done:
-        the pages ahead of them (the lane's queued pages of that priority or more urgent,
-        :meth:`Lane.ahead`; for bulk the fast lane's too; and those in the engine) and
-        their own, at the seconds a page takes in the engine over the pages it runs at once
-        (``(ahead + pages) x page_s / limit``). ``page_s`` is measured (:attr:`page_s`); until a
-        page has been, ``router.initial_page_s``. Decoding is left out: it overlaps the engine's
-        work on earlier pages."""
-        ahead = lane.ahead(priority) + self.in_flight + (self.lanes[FAST].reserved if lane.name == BULK else 0)
-        return (ahead + pages) * self.seconds_a_page / self.limit
-
-    @property
-    def seconds_a_page(self) -> float:
-        """A page's seconds in the engine: the measured moving average, or ``router.initial_page_s``
-        before the first page."""
-        return self.cfg.initial_page_s if self.page_s is None else self.page_s
+    def estimate_s(self, lane: Lane, pages: int, cost: int, priority: int | None = None) -> float:
+        """Seconds until a request of ``pages`` pages costing ``cost`` (:meth:`request_cost`) and
+        of ``priority``, admitted to ``lane`` now, would be done: the work ahead of it (the lane's
+        admitted pages of that priority or more urgent, :meth:`Lane.ahead`; for bulk the fast lane's
+        too; and the pages in the engine) and its own, by the measured seconds a page takes for its
+        cost (:class:`~ocrserve.servicetime.ServiceTime`: a large scan takes longer than a receipt),
+        over the pages the engine runs at once. Decoding is left out: it overlaps the engine's work
+        on earlier pages."""
+        fast = self.lanes[FAST]
+        pages_ahead = lane.ahead(priority) + self.in_flight + (fast.reserved if lane.name == BULK else 0)
+        in_engine = sum(each.in_flight_cost for each in self.lanes.values())
+        cost_ahead = lane.cost_ahead(priority) + in_engine + (fast.cost_ahead(None) if lane.name == BULK else 0)
+        return (self.service.seconds(pages_ahead, cost_ahead) + self.service.seconds(pages, cost)) / self.limit
 
     def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
         """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
@@ -369,8 +393,8 @@ class Router:
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
         raise Overloaded(
             f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
-            f"{estimate:.0f} s of work would be ahead of and in it ({self.seconds_a_page:.2f} s a page over "
-            f"{self.limit} pages in the engine at once); retry in {wait} s, or send it to be done asynchronously "
+            f"{estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once); "
+            f"retry in {wait} s, or send it to be done asynchronously "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",
             headers={"Retry-After": str(wait)},
@@ -426,7 +450,7 @@ class Router:
         or cancel it in the engine."""
         if ticket.task is None:
             if self.policy.remove(ticket):
-                ticket.reservation.release(1)
+                ticket.reservation.release(1, ticket.cost)
                 ticket.lane.queue(-ticket.cost)
                 metrics.REJECTIONS.labels(ticket.lane.name, reason).inc()
         elif not ticket.task.done():
@@ -446,7 +470,7 @@ class Router:
 
     def _expire(self, ticket: Ticket) -> None:
         """A page popped after its deadline: it fails without reaching the engine."""
-        ticket.reservation.release(1)
+        ticket.reservation.release(1, ticket.cost)
         ticket.lane.queue(-ticket.cost)
         metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
         ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1}: its deadline passed in the queue"))
@@ -463,10 +487,12 @@ class Router:
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
-        ticket.reservation.release(1)
+        ticket.reservation.release(1, ticket.cost)
         lane.queue(-ticket.cost)
         lane.dispatched(ticket.reservation.start)
         lane.in_flight += 1
+        lane.in_flight_cost += ticket.cost
+        self.page_cost += SERVICE_EWMA * (ticket.cost - self.page_cost)
         lane.publish()
         metrics.SLOTS_IN_USE.set(self.in_flight)
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
@@ -491,11 +517,12 @@ class Router:
         """The page left the engine (answered, failed or aborted): free its slot."""
         self._running.discard(task)
         ticket.lane.in_flight -= 1
+        ticket.lane.in_flight_cost -= ticket.cost
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now)
             seconds = now - ticket.started
-            self.page_s = seconds if self.page_s is None else self.page_s + SERVICE_EWMA * (seconds - self.page_s)
+            self.service.record(ticket.cost, seconds)
             if self.limiter:
                 self.limiter.record(seconds)
                 metrics.CONCURRENCY_LIMIT.set(self.limit)
@@ -509,21 +536,26 @@ class Reservation:
     Args:
         lane: the lane.
         pages: pages reserved; added to ``lane.reserved`` now.
+        cost: their cost (:meth:`Router.request_cost`).
         priority: the request's priority, which the pages are reserved at (:meth:`Lane.ahead`).
         order: the request's admission number (its pages' place in the lane).
         start, finish: its fair-queueing tags (:meth:`Lane.tag`).
     """
 
-    def __init__(self, lane: Lane, pages: int, priority: int, order: int, start: float, finish: float):
+    def __init__(self, lane: Lane, pages: int, cost: int, priority: int, order: int, start: float, finish: float):
         self.lane = lane
         self.priority = priority
         self.order = order
         self.start, self.finish = start, finish
-        self.left = pages
-        lane.reserve(priority, pages)
+        self.left, self.cost_left = pages, cost
+        lane.reserve(priority, pages, cost)
 
-    def release(self, pages: int) -> None:
-        """Give back ``pages`` of the reservation (dispatched, dropped, or never submitted)."""
+    def release(self, pages: int, cost: int = 0) -> None:
+        """Give back ``pages`` of the reservation costing ``cost`` (dispatched, dropped, or never
+        submitted; a page's cost once decoded may differ a little from the admission's estimate of it,
+        so the last page gives back what is left)."""
         pages = min(pages, self.left)
+        cost = self.cost_left if pages == self.left else min(cost, self.cost_left)
         self.left -= pages
-        self.lane.reserve(self.priority, -pages)
+        self.cost_left -= cost
+        self.lane.reserve(self.priority, -pages, -cost)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ocrserve.bench.harness import free_port
-from ocrserve.client import collect_documents
+from ocrserve.client import collect_documents, idempotency_key
 from tests.conftest import DATA, ground_truth
 
 
@@ -91,3 +91,24 @@ def test_cli_without_a_gateway_names_the_url_and_exits_2_at_once():
     assert done.returncode == 2, done.stderr
     assert time.monotonic() - started < 5  # no retries against nothing
     assert f"no gateway answers at {url}" in done.stderr and "ocrserve launch" in done.stderr
+
+
+def test_copies_of_one_file_under_two_names_are_two_jobs_not_a_reused_key(tmp_path):
+    """The gateway's request counts the document's name, so the client's Idempotency-Key does too
+    (copies under other names got 409, key reused with a different request)."""
+    data = (DATA / "phototest.tif").read_bytes()
+    (tmp_path / "x.tif").write_bytes(data)
+    (tmp_path / "y.tif").write_bytes(data)
+    key = idempotency_key(tmp_path / "x.tif", pages=None)
+    assert key == idempotency_key(tmp_path / "x.tif", pages=None) != idempotency_key(tmp_path / "y.tif", pages=None)
+
+
+def test_an_unusable_out_folder_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    done = subprocess.run(
+        [sys.executable, "-m", "ocrserve", "ocr", str(DATA / "phototest.tif"), "--out", str(tmp_path / "file")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "error: --out" in done.stderr and "Traceback" not in done.stderr

@@ -192,7 +192,7 @@ def test_limits_and_bad_files():
         inspect_document(b"hello, this is text\n", CFG)
     with pytest.raises(PayloadTooLarge, match="max_document_pages=10000"):
         inspect_document(samples.blank_pdf(10_001), CFG)
-    with pytest.raises(PayloadTooLarge, match="300 pages selected .*max_pages=200 a request"):
+    with pytest.raises(PayloadTooLarge, match="300 pages selected .*max_pages=200 per request"):
         inspect_document(samples.blank_pdf(300), CFG).select(None, CFG)
     (failure,) = decode_all(samples.png_header_only(40000, 40000))
     assert isinstance(failure, DecodeFailure) and failure.problem.status == 413

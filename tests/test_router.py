@@ -13,11 +13,12 @@ import pytest
 import pytest_asyncio
 
 from ocrserve import metrics
-from ocrserve.config import EngineConfig, OnnxEngineConfig, RouterConfig
+from ocrserve.config import EngineConfig, OnnxEngineConfig, PreprocessConfig, RouterConfig
 from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
+from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import BULK, FAST, Router, retry_after_s
 from ocrserve.work import Deadline, Priority, WorkItem
 from tests.samples import phototest
@@ -136,27 +137,32 @@ async def test_requests_sent_together_finish_one_after_another(make_router):
 async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admission(make_router):
     router = make_router(initial_page_s=2.0)
     # nothing measured yet: router.initial_page_s stands in, and refuses what it could not finish
-    assert router.page_s is None and router.estimate_s(router.lanes[FAST], 1) == pytest.approx(2.0 / router.limit)
-    with pytest.raises(Overloaded, match="2.00 s a page"):
+    assert router.service.measured == 0
+    assert router.estimate_s(router.lanes[FAST], 1, 300) == pytest.approx(2.0 / router.limit)
+    with pytest.raises(Overloaded, match="would be ahead of and in it"):
         async with router.admit(FAST, 1, Deadline.after(1.0)):
             pass
-    async with router.admit(FAST, 1) as reservation:
+    async with router.admit(FAST, 1, visual_tokens=300) as reservation:
         await router.submit(text_page(), reservation)
-    assert router.page_s > 0
+    assert router.service.measured == 1
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
-    estimate = router.estimate_s(router.lanes[BULK], 2)
-    assert estimate == pytest.approx((3 + 1 + 2) * router.page_s / router.limit)
+    bulk = router.lanes[BULK]
+    # pages admitted without their visual tokens (as a job's are) cost what an average page has
+    assert bulk.in_flight_cost == 300 and bulk.cost_ahead(None) > 3 * 50
+    estimate = router.estimate_s(bulk, 2, 600)
+    work = router.service.seconds(bulk.reserved + 1, bulk.cost_ahead(None) + 300) + router.service.seconds(2, 600)
+    assert estimate == pytest.approx(work / router.limit)
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
-        async with router.admit(BULK, 2, Deadline.after(estimate / 2)):
+        async with router.admit(BULK, 2, Deadline.after(estimate / 2), visual_tokens=600):
             pass
     assert time.monotonic() - started < 0.1  # at once, not after waiting
     problem = refused.value
     assert problem.status == 503 and problem.slug == "deadline-unmeetable"
     wait = max(1, math.ceil(estimate - estimate / 2))  # the deadline's seconds left shrink as it runs
     assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
-    async with router.admit(BULK, 2, Deadline.after(estimate * 4)) as reservation:  # time enough: admitted
+    async with router.admit(BULK, 2, Deadline.after(estimate * 4), visual_tokens=600) as reservation:  # in time
         assert reservation.left == 2
     await asyncio.gather(*queued)
 
@@ -270,8 +276,9 @@ async def test_admissions_are_accounted_against_their_estimate_and_deadline(make
     assert sample("ocrserve_lane_active_clients") == 0
     assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
     assert sample("ocrserve_admitted_deadline_misses_total") == misses  # done in time
-    async with router.admit(BULK, 1, Deadline.after(router.page_s * 2), client="x"):
-        await asyncio.sleep(router.page_s * 3)  # admitted, then the request itself dawdles past its deadline
+    seconds = router.estimate_s(router.lanes[BULK], 1, router.request_cost(1, None))
+    async with router.admit(BULK, 1, Deadline.after(seconds * 2 + 0.05), client="x"):
+        await asyncio.sleep(seconds * 3 + 0.1)  # admitted, then the request itself dawdles past its deadline
     assert sample("ocrserve_admitted_deadline_misses_total") == misses + 1
 
 
@@ -402,3 +409,16 @@ async def test_failing_page_fails_alone(make_router):
     assert outcomes[0].text.startswith("This is a lot of 12 point text")
     assert isinstance(outcomes[1], PageError)
     assert outcomes[2].index == 2 and outcomes[2].text == ""
+
+
+async def test_calibration_teaches_the_service_time_model_how_pages_grow(make_router):
+    """Two synthetic pages at start (a line, a full letter page) give the admission a measured page
+    time and its growth with cost before any client's page: a large scan is estimated above a
+    strip, but below its cost ratio."""
+    router = make_router()
+    strip, letter = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
+    assert strip.visual_tokens < letter.visual_tokens
+    await router.calibrate([strip, letter])
+    assert router.service.measured == 2 and 0 < router.service.exponent <= 1
+    small, large = (router.service.page_s(page.visual_tokens) for page in (strip, letter))
+    assert small < large < small * letter.visual_tokens / strip.visual_tokens

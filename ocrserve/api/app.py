@@ -19,6 +19,7 @@ from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.jobs.runtime import Jobs
 from ocrserve.preprocess import Preprocessor
+from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import Router
 from ocrserve.service import OcrService
 
@@ -29,6 +30,8 @@ async def _warm_up(app: FastAPI) -> None:
     state = app.state
     try:
         await asyncio.gather(state.engine.start(), state.preprocessor.warm_up())
+        if state.config.router.calibrate:
+            await state.router.calibrate(calibration_pages(state.config.preprocess))
     except ValueError as exc:  # a checkpoint or setting the engine cannot use: the message says which
         log.error("engine failed to start: %s", exc)
         state.engine_error = f"{type(exc).__name__}: {exc}"

@@ -248,7 +248,11 @@ def ocr(
         err_console.print("[red]error:[/red] no documents found")
         raise typer.Exit(2)
     if out:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            err_console.print(f"[red]error:[/red] --out {out}: {exc.strerror or exc}", highlight=False)
+            raise typer.Exit(2) from None
     _check_reachable(url)
     if async_:
         _report_jobs(asyncio.run(_run_jobs(docs, url, format, out, concurrency, api_key, pages, priority)))

@@ -98,7 +98,7 @@ class DocumentInfo:
         if len(indices) > cfg.max_pages:
             raise PayloadTooLarge(
                 f"{len(indices)} pages selected of the document's {self.page_count}; the limit is "
-                f"preprocess.max_pages={cfg.max_pages} a request: select fewer with pages= (e.g. "
+                f"preprocess.max_pages={cfg.max_pages} per request: select fewer with pages= (e.g. "
                 f"pages=1-{cfg.max_pages})",
                 slug="too-many-pages",
             )

@@ -66,3 +66,18 @@ def test_a_recommended_overlay_is_applied_by_launch_set_file(tmp_path):
     result = CliRunner().invoke(app, ["launch", "--dry-run", "--set-file", str(overlay)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "--set engine.onnx.rec_batch_num=16" in result.output
+
+
+def test_the_mixed_scenario_reports_both_ratios(gateway, tmp_path):
+    """``--scenario mixed`` against a gateway: the stream alone, the flood alone, then both."""
+    (tmp_path / "docs").mkdir()
+    for sample in ("phototest.tif", "testTIFF_multipage.tif"):
+        (tmp_path / "docs" / sample).write_bytes((DATA / sample).read_bytes())
+    command = [sys.executable, "-m", "ocrserve", "bench", "--url", gateway.url, "--corpus", str(tmp_path / "docs")]
+    command += ["--scenario", "mixed", "--concurrency", "1", "--duration", "2", "--interval", "0.5"]
+    command += ["--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = json.loads((tmp_path / "out" / "mixed.json").read_text())["runs"]
+    assert run["interactive_idle_n"] >= 2 and run["interactive_loaded_n"] >= 2 and run["errors"] == 0
+    assert run["p95_ratio"] > 0 and run["bulk_ratio"] > 0 and run["bulk_alone_pages_per_s"] > 0

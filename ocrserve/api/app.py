@@ -10,6 +10,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from ocrserve import __version__, metrics
+from ocrserve.alarm import within
 from ocrserve.api import jobs, problems, routes
 from ocrserve.api.auth import Gate, ProtectOps, ops_paths
 from ocrserve.api.limits import BodyLimitMiddleware
@@ -24,14 +25,14 @@ from ocrserve.router import Router
 from ocrserve.service import OcrService
 
 log = logging.getLogger(__name__)
+#: Seconds the calibration pages may take at start before the gateway serves without them.
+CALIBRATION_S = 60.0
 
 
 async def _warm_up(app: FastAPI) -> None:
     state = app.state
     try:
         await asyncio.gather(state.engine.start(), state.preprocessor.warm_up())
-        if state.config.router.calibrate:
-            await state.router.calibrate(calibration_pages(state.config.preprocess))
     except ValueError as exc:  # a checkpoint or setting the engine cannot use: the message says which
         log.error("engine failed to start: %s", exc)
         state.engine_error = f"{type(exc).__name__}: {exc}"
@@ -40,8 +41,24 @@ async def _warm_up(app: FastAPI) -> None:
         log.exception("engine failed to start")
         state.engine_error = f"{type(exc).__name__}: {exc}"
         return
+    if state.config.router.calibrate:
+        await _calibrate(state)
+    state.warm = True
     metrics.ENGINE_READY.set(1)
     log.info("engine %s ready with %d slots", state.engine.model, state.engine.slots)
+
+
+async def _calibrate(state) -> None:
+    """Time the calibration pages (``router.calibrate``) where the engine answers now, within
+    :data:`CALIBRATION_S`; best effort: without it admission starts from ``router.initial_page_s``
+    and learns from clients' pages (an engine whose replicas are still starting is not waited for)."""
+    if not state.engine.ready:
+        log.info("calibration skipped: the engine is not ready yet")
+        return
+    try:
+        await within(state.router.calibrate(calibration_pages(state.config.preprocess)), CALIBRATION_S)
+    except Exception as exc:  # TimeoutError, PageError: serve anyway
+        log.warning("calibration skipped: %s", exc or type(exc).__name__)
 
 
 @contextlib.asynccontextmanager
@@ -53,6 +70,7 @@ async def lifespan(app: FastAPI):
     state.preprocessor = Preprocessor(config.preprocess)
     state.engine = create_engine(config)
     state.engine_error = None
+    state.warm = False  # True once the engine is loaded, warmed up and timed (router.calibrate)
     state.router = Router(state.engine, config.router)
     state.router.start()
     state.jobs = Jobs(config, state.preprocessor, state.router)

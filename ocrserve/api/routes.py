@@ -45,7 +45,7 @@ def require_ready(request: Request) -> None:
     state = request.app.state
     if state.engine_error:
         raise EngineUnavailable(f"the OCR engine failed to start: {state.engine_error}", headers={"Retry-After": "60"})
-    if not state.engine.ready:
+    if not (state.warm and state.engine.ready):
         raise EngineUnavailable("the OCR engine is still loading", headers={"Retry-After": "5"})
 
 

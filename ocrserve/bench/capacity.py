@@ -1,18 +1,19 @@
 """Capacity planning from measured figures: Little's law, replicas for a target utilization, and a
 discrete-event simulation of one engine that predicts latency at an arrival rate.
 
-The engine is modelled as a batch server (the model of static batching in, e.g., Kleinrock,
-"Queueing Systems", vol. 2, section 2.7 on bulk service): it takes up to ``max_batch`` waiting
-pages at once and finishes them together after ``T(B) = a + b x B`` seconds, ``B`` the batch's
-size. ``a`` and ``b`` are fitted from a closed-loop concurrency sweep, where ``B`` pages are always in
-flight and each finishes every ``T(B) = B / throughput(B)`` seconds. Pages are not alike: each
-carries a work factor drawn from the measured ones (a page's engine seconds over the mean, at the
-sweep's lowest concurrency), and a batch takes ``a + b x (sum of its pages' factors)``.
+The engine is modelled as continuous batching: it runs up to ``max_batch`` pages at once, and
+while ``n`` run each progresses at ``1 / T(n)`` of a page a second, ``T(n) = a + b x n``; a
+waiting page joins the moment one finishes (vLLM's scheduler adds requests to the running batch
+at every step; the embedded engine's pages share its cores the same way). A page alone takes
+``T(1)``; ``n`` together take ``T(n)`` each, ``n / T(n)`` pages a second. ``a`` and ``b`` are fitted
+from a closed-loop concurrency sweep, where ``B`` pages are always in flight and each finishes every
+``T(B) = B / throughput(B)`` seconds. Pages are not alike: each carries a work factor drawn from
+the measured ones (a page's engine seconds over the mean, at the sweep's lowest concurrency), and
+takes that many times a mean page's work.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import deque
@@ -101,9 +102,8 @@ class ServiceModel:
 
 
 def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, seed: int = 0) -> list[float]:
-    """Latencies (seconds) of ``pages`` pages arriving as a Poisson process of ``rate`` pages/s at a
-    batch server of ``model`` (module docstring), after :data:`WARM_UP_PAGES` not counted. The
-    server starts a batch whenever it is idle and pages wait, taking up to ``max_batch`` of them.
+    """Latencies (seconds) of ``pages`` pages arriving as a Poisson process of ``rate`` pages/s at an
+    engine of ``model`` (module docstring), after :data:`WARM_UP_PAGES` not counted.
 
     Raises:
         ValueError: ``rate`` not below :attr:`ServiceModel.max_rate` (the queue would grow without
@@ -112,25 +112,28 @@ def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, see
     if not 0 < rate < model.max_rate:
         raise ValueError(f"rate {rate:g} pages/s must be above 0 and below the engine's {model.max_rate:.3g} pages/s")
     rng = random.Random(seed)
-    total = pages + WARM_UP_PAGES
-    events, now = [], 0.0  # (time, 0 = arrival, work factor); batch ends are (time, 1, arrival times)
-    for _ in range(total):
+    arrivals: deque[tuple[float, float]] = deque()  # (arrival time, work factor)
+    now = 0.0
+    for _ in range(pages + WARM_UP_PAGES):
         now += rng.expovariate(rate)
-        events.append((now, 0, rng.choice(model.factors)))
-    heapq.heapify(events)
+        arrivals.append((now, rng.choice(model.factors)))
     waiting: deque[tuple[float, float]] = deque()
+    running: list[list[float]] = []  # [arrival time, work left]
     latencies: list[float] = []
-    busy = False
-    while events:
-        event = heapq.heappop(events)
-        if event[1] == 0:
-            waiting.append((event[0], event[2]))
+    now = 0.0
+    while arrivals or waiting or running:
+        while waiting and len(running) < model.max_batch:
+            running.append(list(waiting.popleft()))
+        speed = 1 / model.seconds(len(running)) if running else 0.0  # work a running page does a second
+        done_at = now + min(work for _, work in running) / speed if running else math.inf
+        arrives_at = arrivals[0][0] if arrivals else math.inf
+        step = min(done_at, arrives_at) - now
+        for page in running:
+            page[1] -= step * speed
+        now += step
+        if arrives_at <= done_at:
+            waiting.append(arrivals.popleft())
         else:
-            busy = False
-            latencies.extend(event[0] - arrived for arrived in event[2])
-        if not busy and waiting:
-            batch = [waiting.popleft() for _ in range(min(model.max_batch, len(waiting)))]
-            work = sum(factor for _, factor in batch)
-            heapq.heappush(events, (event[0] + model.seconds(work), 1, [arrived for arrived, _ in batch]))
-            busy = True
+            latencies.extend(now - arrived for arrived, work in running if work <= 1e-9)
+            running = [page for page in running if page[1] > 1e-9]
     return latencies[WARM_UP_PAGES:]

@@ -287,19 +287,19 @@ async def _mixed_async(url: str, documents: list[Document], run: Run, point) -> 
 def _print_mixed(rows: list[dict]) -> None:
     table = Table(
         "setting",
-        "interactive n idle / loaded",
-        "p95 idle s",
-        "p95 under flood s",
-        "x idle",
-        "bulk pages/s alone",
-        "with stream",
-        "x alone",
+        "n",
+        "p95 idle",
+        "p95 flood",
+        "x",
+        "bulk/s",
+        "+stream",
+        "x",
         "errors",
-        title="interactive pages over a bulk flood",
+        title="interactive pages (n idle / under the flood; p95 s) over a bulk flood (pages/s)",
     )
     for r in rows:
         table.add_row(
-            r["setting"] or "-",
+            r["setting"].partition("=")[2] or "-",
             f"{r['interactive_idle_n']} / {r['interactive_loaded_n']}",
             _s(r["interactive_idle_p95_s"]),
             _s(r["interactive_loaded_p95_s"]),
@@ -399,7 +399,7 @@ def _number(value: float) -> int | float:
 def _print(report: dict) -> None:
     console = Console()
     table = Table(
-        "setting" if report["swept"] != "concurrency" else "point",
+        report["swept"] if report["swept"] != "concurrency" else "point",
         "pages/s",
         "p50 s",
         "p95 s",
@@ -409,7 +409,7 @@ def _print(report: dict) -> None:
         title=report["title"],
     )
     for p in report["points"]:
-        label = p["setting"] or f"{p['mode']} {p['value']:g}"
+        label = p["setting"].partition("=")[2] or f"{p['mode']} {p['value']:g}"
         table.add_row(
             label,
             f"{p['pages_per_s']:.2f}",

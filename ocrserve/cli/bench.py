@@ -22,8 +22,7 @@ from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
 from ocrserve.bench.mixed import mixed
 from ocrserve.bench.report import cost, quality, write, write_mixed
-from ocrserve.cli.common import err_console
-from ocrserve.client import collect_documents
+from ocrserve.cli.common import documents_or_exit, err_console
 
 #: Requests in flight at once in an open-loop point, at most (arrivals beyond it wait for a connection).
 OPEN_LOOP_CONNECTIONS = 256
@@ -185,14 +184,7 @@ def bench(
     if scenario not in ("sweep", "mixed"):
         err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")
         raise typer.Exit(2)
-    try:
-        found = collect_documents(corpus)
-    except (FileNotFoundError, ValueError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    if not found:
-        err_console.print("[red]error:[/red] no documents found in --corpus")
-        raise typer.Exit(2)
+    found = documents_or_exit(corpus)
     documents = load_documents(found)
     run = Run(
         url,

@@ -10,6 +10,7 @@ import typer
 import yaml
 from rich.console import Console
 
+from ocrserve.client import collect_documents
 from ocrserve.config import Config, ConfigError, load_config
 
 err_console = Console(stderr=True)
@@ -60,6 +61,20 @@ def _flatten(tree: dict, prefix: str) -> list[str]:
         else:
             items.append(f"{prefix}{key}={value if isinstance(value, str) else json.dumps(value)}")
     return items
+
+
+def documents_or_exit(paths: list[Path]) -> dict[Path, Path]:
+    """:func:`ocrserve.client.collect_documents` of ``paths``, or print why not and exit with status 2
+    (a path that does not exist, two documents of one name, no document at all)."""
+    try:
+        found = collect_documents(paths)
+    except (FileNotFoundError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not found:
+        err_console.print("[red]error:[/red] no documents found")
+        raise typer.Exit(2)
+    return found
 
 
 def load_or_exit(profile: str, overrides: list[str]) -> Config:

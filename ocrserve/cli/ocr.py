@@ -19,8 +19,8 @@ import httpx
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ocrserve.cli.common import err_console
-from ocrserve.client import OcrClient, RequestFailed, collect_documents, idempotency_key
+from ocrserve.cli.common import documents_or_exit, err_console
+from ocrserve.client import OcrClient, RequestFailed, idempotency_key
 
 SUFFIX = {"json": ".json", "text": ".txt", "markdown": ".md"}
 #: Job statuses whose result is worth writing (a partial one carries its failed pages' errors).
@@ -239,14 +239,7 @@ def ocr(
     if format not in SUFFIX:
         err_console.print(f"[red]error:[/red] --format must be one of {', '.join(SUFFIX)}")
         raise typer.Exit(2)
-    try:
-        docs = collect_documents(paths)
-    except (FileNotFoundError, ValueError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    if not docs:
-        err_console.print("[red]error:[/red] no documents found")
-        raise typer.Exit(2)
+    docs = documents_or_exit(paths)
     if out:
         try:
             out.mkdir(parents=True, exist_ok=True)

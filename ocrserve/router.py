@@ -248,13 +248,16 @@ class Router:
         for page in pages:
             started = time.monotonic()
             await self.engine.ocr_page(page, priority=Priority(self.cfg.fast.priority))
-            cost = self.request_cost(1, page.visual_tokens)
-            self.service.record(cost, time.monotonic() - started)
+            self.service.record(self.page_cost_of(page), time.monotonic() - started)
 
     @property
     def in_flight(self) -> int:
         """Pages in the engine now."""
         return sum(lane.in_flight for lane in self.lanes.values())
+
+    def page_cost_of(self, page: Page) -> int:
+        """A decoded page's cost (``router.cost``): its visual tokens (at least 1), or 1."""
+        return max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
 
     def request_cost(self, pages: int, visual_tokens: int | None) -> int:
         """A request's cost: with ``router.cost: visual_tokens`` its ``visual_tokens``, or where they
@@ -428,7 +431,7 @@ class Router:
         lane = reservation.lane
         work = self.with_lane_defaults(lane.name, work)
         deadline = work.deadline
-        cost = max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
+        cost = self.page_cost_of(page)
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
         ticket = Ticket(page, reservation, cost, work.priority, deadline, seq)
         self.policy.push(ticket)

@@ -129,11 +129,12 @@ def load_documents(found: dict[Path, Path]) -> list[Document]:
     return [Document(str(name), path.read_bytes(), 0) for path, name in found.items()]
 
 
-async def send(client: httpx.AsyncClient, document: Document) -> Outcome:
-    """``POST /v1/ocr`` of one document; never raises for the server's answer or its absence."""
+async def send(client: httpx.AsyncClient, document: Document, **form: str) -> Outcome:
+    """``POST /v1/ocr`` of one document with the ``form`` fields (e.g. ``priority="bulk"``); never
+    raises for the server's answer or its absence."""
     started = time.monotonic()
     try:
-        response = await client.post("/v1/ocr", files={"file": (Path(document.name).name, document.data)})
+        response = await client.post("/v1/ocr", files={"file": (Path(document.name).name, document.data)}, data=form)
     except httpx.HTTPError:
         return Outcome(document.name, 0, time.monotonic() - started)
     seconds = time.monotonic() - started

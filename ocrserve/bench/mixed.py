@@ -13,22 +13,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 
 from ocrserve.bench.harness import percentile
-from ocrserve.bench.load import Document, Outcome
-
-
-async def _post(client: httpx.AsyncClient, document: Document, **form: str) -> Outcome:
-    started = time.monotonic()
-    try:
-        response = await client.post("/v1/ocr", files={"file": (Path(document.name).name, document.data)}, data=form)
-    except httpx.HTTPError:
-        return Outcome(document.name, 0, time.monotonic() - started)
-    pages = len(response.json()["pages"]) if response.status_code == 200 else 0
-    return Outcome(document.name, response.status_code, time.monotonic() - started, pages)
+from ocrserve.bench.load import Document, Outcome, send
 
 
 async def stream(
@@ -37,7 +26,7 @@ async def stream(
     """One interactive request of ``page`` every ``interval`` seconds until the monotonic instant ``until``."""
     outcomes = []
     while time.monotonic() < until:
-        outcome = await _post(client, page, priority="interactive")
+        outcome = await send(client, page, priority="interactive")
         outcomes.append(outcome)
         tick(outcome)
         await asyncio.sleep(max(0.0, interval - outcome.seconds))
@@ -53,7 +42,7 @@ async def flood(
     async def worker(offset: int) -> None:
         index = offset
         while time.monotonic() < until:
-            outcome = await _post(client, documents[index % len(documents)], priority="bulk")
+            outcome = await send(client, documents[index % len(documents)], priority="bulk")
             outcomes.append(outcome)
             tick(outcome)
             index += 1

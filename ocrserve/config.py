@@ -663,7 +663,7 @@ class EnvSource(EnvSettingsSource):
         for name, value in sorted(self.env_vars.items()):
             path = name[len(ENV_PREFIX) :].split(ENV_DELIMITER)
             if path[0] not in fields:
-                _assign(data, path, value)
+                assign(data, path, value)
         return data
 
 
@@ -746,7 +746,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), _yaml_value(raw, f"--set {key.strip()}")
 
 
-def _assign(tree: dict, path: list[str], value: Any) -> None:
+def assign(tree: dict, path: list[str], value: Any) -> None:
+    """Set ``value`` at the key ``path`` of a nested mapping, making the sections on the way.
+
+    Raises:
+        ConfigError: a part of the path already holds a value, not a section.
+    """
     node = tree
     for part in path[:-1]:
         child = node.setdefault(part, {})
@@ -779,7 +784,7 @@ def load_config(
         key_path, value = parse_override(item)
         if key_path[0].startswith("_"):  # BaseSettings would take _env_file=... as an argument
             raise ConfigError(f"invalid configuration (profile {path.name}): unknown key {'.'.join(key_path)!r}")
-        _assign(tree, key_path, value)
+        assign(tree, key_path, value)
     token = _LAYERS.set(_Layers(path, environ))
     try:
         return Config(**tree)

@@ -14,6 +14,9 @@ from pathlib import Path
 import yaml
 
 from ocrserve.bench.analysis import Point
+from ocrserve.bench.capacity import ServiceModel, simulate
+from ocrserve.bench.harness import percentile
+from ocrserve.config import assign
 from ocrserve.evaluation import cer
 
 #: Columns of ``report.csv``: a point's summary figures (``Measurement.summary``).
@@ -39,12 +42,12 @@ def quality(baseline: dict[str, str], candidate: dict[str, str], truths: dict[st
     batch 1), and each against ground truth where there is one; means over the documents both
     have. ``drift`` is the mean CER between the two outputs."""
     shared = sorted(set(baseline) & set(candidate))
-    drift = [cer(candidate[d], baseline[d]) for d in shared]
+    drift = {d: cer(candidate[d], baseline[d]) for d in shared}
     scored = [d for d in shared if d in truths]
     return {
         "documents": len(shared),
-        "drift_cer": round(statistics.fmean(drift), 4) if drift else None,
-        "worst": max(shared, key=lambda d: cer(candidate[d], baseline[d]), default=None),
+        "drift_cer": round(statistics.fmean(drift.values()), 4) if drift else None,
+        "worst": max(drift, key=drift.__getitem__, default=None),
         "baseline_cer_vs_truth": _mean_cer([baseline[d] for d in scored], [truths[d] for d in scored]),
         "candidate_cer_vs_truth": _mean_cer([candidate[d] for d in scored], [truths[d] for d in scored]),
         "scored_documents": len(scored),
@@ -95,25 +98,17 @@ def write_mixed(rows: list[dict], out: Path) -> list[Path]:
 
 
 def overlay_yaml(settings: dict[str, object]) -> dict:
-    """Dotted keys (``vllm.max_num_seqs``) as the nested mapping of a profile."""
+    """Dotted keys (``vllm.max_num_seqs``) as the nested mapping of a profile (:func:`~ocrserve.config.assign`)."""
     nested: dict = {}
     for key, value in settings.items():
-        *parents, leaf = key.split(".")
-        level = nested
-        for part in parents:
-            level = level.setdefault(part, {})
-        level[leaf] = value
+        assign(nested, key.split("."), value)
     return nested
 
 
 def plot(report: dict, path: Path) -> None:
     """Throughput and p95 of the closed-loop points against the swept value, the knee and the p95
     target marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     points = sorted((p for p in report["points"] if p["mode"] == "closed"), key=lambda p: p["value"])
     values = [p["value"] for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
@@ -139,3 +134,31 @@ def plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_capacity(model: ServiceModel, p95: float, path: Path) -> None:
+    """``ocrserve capacity --plot``: a replica's simulated p95 against its arrival rate, from 10% to
+    95% of the rate the model sustains, with the target marked."""
+    plt = _pyplot()
+    rates = [model.max_rate * f for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
+    predicted = [percentile(simulate(model, r, pages=5000), 95) for r in rates]
+    fig, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(rates, predicted, "o-", label="simulated p95")
+    axis.axhline(p95, color="tab:green", linestyle=":", label="target")
+    axis.set_xlabel("arrival rate per replica, pages/s")
+    axis.set_ylabel("p95 latency, s")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only: no display is needed or used)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -21,7 +21,7 @@ from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, in_flight,
 from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
 from ocrserve.bench.mixed import mixed
-from ocrserve.bench.report import cost, quality, write, write_mixed
+from ocrserve.bench.report import cost, plot_capacity, quality, write, write_mixed
 from ocrserve.cli.common import documents_or_exit, err_console
 
 #: Requests in flight at once in an open-loop point, at most (arrivals beyond it wait for a connection).
@@ -513,7 +513,7 @@ def capacity(
     )
     console.print(f"in flight (Little's law): {in_flight(rate, mean):.1f} pages across the fleet")
     if plot:
-        _plot_capacity(model, p95, plot)
+        plot_capacity(model, p95, plot)
         console.print(f"wrote {plot}")
     raise typer.Exit(0 if predicted <= p95 else 1)
 
@@ -532,23 +532,3 @@ def _model(from_bench, a, b, max_batch) -> ServiceModel:
         err_console.print("[red]error:[/red] give --from-bench REPORT, or --a, --b and --max-batch")
         raise typer.Exit(2)
     return ServiceModel(a, b, max_batch)
-
-
-def _plot_capacity(model: ServiceModel, p95: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rates = [model.max_rate * f for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
-    predicted = [percentile(simulate(model, r, pages=5000), 95) for r in rates]
-    fig, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(rates, predicted, "o-", label="simulated p95")
-    axis.axhline(p95, color="tab:green", linestyle=":", label="target")
-    axis.set_xlabel("arrival rate per replica, pages/s")
-    axis.set_ylabel("p95 latency, s")
-    axis.grid(alpha=0.3)
-    axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -37,12 +37,18 @@ def test_a_short_bench_run_reports_the_knee_quality_and_the_simulated_p95(gatewa
     assert report["quality"]["drift_cer"] == 0.0  # the same page reads the same at either concurrency
     assert report["quality"]["scored_documents"] == 1 and report["quality"]["candidate_cer_vs_truth"] < 0.1
     (row,) = report["open_loop"]
-    assert row["rate"] == 1 and row["measured_p95_s"] > 0 and row["simulated_p95_s"] > 0
+    assert row["rate"] == 1 and row["offered_pages_per_s"] > 0 and row["measured_p95_s"] > 0
+    assert row["simulated_p95_s"] > 0 and row["replayed_p95_s"] > 0
+    assert report["service_model"]["documents"] == {"phototest.tif": [pytest.approx(1.0)]}  # the only page: the mean
     assert report["cost"]["pages_per_hour"] > 0
     rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
     assert len(rows) == 3 and rows[0]["mode"] == "closed"
     assert (tmp_path / "out" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "knee: concurrency = " in done.stdout and "open loop 1 pages/s: measured p95" in done.stdout
+    assert "knee: concurrency = " in done.stdout and "open loop 1 pages/s (" in done.stdout
+    planned = CliRunner().invoke(
+        app, ["capacity", "--rate", "0.2", "--p95", "60", "--from-bench", str(tmp_path / "out" / "report.json")]
+    )
+    assert planned.exit_code == 0 and "replicas: 1 " in planned.output, planned.output
 
 
 def test_capacity_plans_replicas_and_predicts_p95(tmp_path):

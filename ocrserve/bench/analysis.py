@@ -7,8 +7,11 @@ A point is one measured setting (a concurrency, an arrival rate, or a server-sid
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: A step that adds less than this fraction of throughput is past the knee (``--knee-gain``).
 KNEE_GAIN = 0.05
@@ -22,11 +25,13 @@ class Point:
         value: the swept value (a concurrency, a rate in pages/s, or a setting's value).
         pages_per_s: pages completed per second.
         p95_s: 95th-percentile end-to-end latency of a request, seconds (NaN with no request done).
+        setting: the server-side settings it ran under (``KEY=VALUE`` joined by spaces), or ``""``.
     """
 
     value: float
     pages_per_s: float
     p95_s: float
+    setting: str = ""
 
 
 def knee(points: Sequence[Point], gain: float = KNEE_GAIN) -> Point:
@@ -53,3 +58,13 @@ def recommend(points: Sequence[Point], p95_s: float) -> Point | None:
     if not meeting:
         return None
     return max(meeting, key=lambda p: (p.pages_per_s, -p.value))
+
+
+def curves(points: Iterable[T], setting: Callable[[T], str], value: Callable[[T], float]) -> dict[str, list[T]]:
+    """A sweep's points by curve, each ordered by value. A point's settings are ``KEY=VALUE`` joined
+    by spaces, the swept key first; its curve is the rest (``""``: the only curve of a concurrency
+    sweep or of a one-key server-side sweep). ``setting`` and ``value`` read them off a point."""
+    by_curve: dict[str, list[T]] = {}
+    for point in sorted(points, key=value):
+        by_curve.setdefault(setting(point).partition(" ")[2], []).append(point)
+    return by_curve

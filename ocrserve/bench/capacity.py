@@ -7,9 +7,12 @@ waiting page joins the moment one finishes (vLLM's scheduler adds requests to th
 at every step; the embedded engine's pages share its cores the same way). A page alone takes
 ``T(1)``; ``n`` together take ``T(n)`` each, ``n / T(n)`` pages a second. ``a`` and ``b`` are fitted
 from a closed-loop concurrency sweep, where ``B`` pages are always in flight and each finishes every
-``T(B) = B / throughput(B)`` seconds. Pages are not alike: each carries a work factor drawn from
-the measured ones (a page's engine seconds over the mean, at the sweep's lowest concurrency), and
-takes that many times a mean page's work.
+``T(B) = B / throughput(B)`` seconds.
+
+Requests are documents, and documents are not alike: each is a tuple of its pages' work factors
+(a page's seconds alone over a mean page's), measured at the sweep's lowest concurrency; its pages
+queue together and it is done when its last page is. A simulated request is one of the measured
+documents drawn at random; a replayed one is the document the bench sent at the time it sent it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def replicas(rate: float, service_rate: float, utilization: float = TARGET_UTILI
     return max(1, math.ceil(rate / (service_rate * utilization) - 1e-9))
 
 
+#: A document's pages' work factors: each page's seconds alone over a mean page's.
+Work = tuple[float, ...]
+
+
 @dataclass(frozen=True)
 class ServiceModel:
     """``T(B) = a + b x B``: seconds for a batch of ``B`` pages, at most ``max_batch`` at once.
@@ -56,14 +63,14 @@ class ServiceModel:
         a: seconds of a batch whatever its size.
         b: seconds an average page adds to its batch.
         max_batch: the engine's pages at once (its slots).
-        factors: pages' work relative to the mean (mean 1), drawn at random for simulated pages;
-            ``(1.0,)``: every page alike.
+        documents: the measured documents (module docstring), drawn at random for simulated
+            requests; ``((1.0,),)``: every request one average page.
     """
 
     a: float
     b: float
     max_batch: int
-    factors: tuple[float, ...] = (1.0,)
+    documents: tuple[Work, ...] = ((1.0,),)
 
     def seconds(self, batch: float) -> float:
         """``T(batch)``, seconds; ``batch`` may be a sum of pages' factors."""
@@ -74,13 +81,17 @@ class ServiceModel:
         """Pages/s at full batches, ``max_batch / T(max_batch)``: the rate the queue cannot outgrow."""
         return self.max_batch / self.seconds(self.max_batch)
 
+    @property
+    def pages_per_document(self) -> float:
+        """Mean pages of the measured documents."""
+        return sum(len(d) for d in self.documents) / len(self.documents)
+
     @classmethod
-    def fit(cls, sweep: Sequence[tuple[int, float]], page_seconds: Sequence[float] = ()) -> ServiceModel:
+    def fit(cls, sweep: Sequence[tuple[int, float]], documents: Sequence[Work] = ()) -> ServiceModel:
         """Least squares of ``T(B) = B / throughput(B)`` over a closed-loop sweep's
         ``(concurrency B, pages/s)``; ``max_batch`` is the largest ``B``. ``a`` and ``b`` are kept
-        at 0 or more (a negative intercept from noise would make small batches free). The work
-        factors are ``page_seconds`` (pages' engine seconds, at the lowest concurrency) over their
-        mean; none given: pages alike.
+        at 0 or more (a negative intercept from noise would make small batches free). ``documents``:
+        each measured document's pages' work factors; none given: one average page.
 
         Raises:
             ValueError: fewer than two distinct concurrencies, or a throughput that is not positive.
@@ -96,14 +107,13 @@ class ServiceModel:
         slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
         slope = max(0.0, slope)
         intercept = max(0.0, mean_t - slope * mean_b)
-        mean_page = sum(page_seconds) / len(page_seconds) if page_seconds else 0.0
-        factors = tuple(s / mean_page for s in page_seconds) if mean_page > 0 else (1.0,)
-        return cls(intercept, slope, max(sizes), factors)
+        return cls(intercept, slope, max(sizes), tuple(documents) or ((1.0,),))
 
 
 def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, seed: int = 0) -> list[float]:
-    """Latencies (seconds) of ``pages`` pages arriving as a Poisson process of ``rate`` pages/s at an
-    engine of ``model`` (module docstring), after :data:`WARM_UP_PAGES` not counted.
+    """Latencies (seconds) of requests arriving as a Poisson process offering ``rate`` pages/s (each
+    one of ``model.documents`` at random) until about ``pages`` pages, at an engine of ``model``
+    (module docstring); the requests of the first :data:`WARM_UP_PAGES` pages are not counted.
 
     Raises:
         ValueError: ``rate`` not below :attr:`ServiceModel.max_rate` (the queue would grow without
@@ -112,28 +122,44 @@ def simulate(model: ServiceModel, rate: float, pages: int = SIMULATED_PAGES, see
     if not 0 < rate < model.max_rate:
         raise ValueError(f"rate {rate:g} pages/s must be above 0 and below the engine's {model.max_rate:.3g} pages/s")
     rng = random.Random(seed)
-    arrivals: deque[tuple[float, float]] = deque()  # (arrival time, work factor)
+    requests_per_s = rate / model.pages_per_document
+    count = round((pages + WARM_UP_PAGES) / model.pages_per_document)
+    warm_up = round(WARM_UP_PAGES / model.pages_per_document)
+    now, arrivals = 0.0, []
+    for _ in range(count):
+        now += rng.expovariate(requests_per_s)
+        arrivals.append((now, rng.choice(model.documents)))
+    return serve(model, arrivals)[warm_up:]
+
+
+def serve(model: ServiceModel, arrivals: Sequence[tuple[float, Work]]) -> list[float]:
+    """Each request's latency (seconds, in the order given) at an engine of ``model`` (module
+    docstring): ``arrivals`` are ``(seconds since the start, the document's pages' work factors)``,
+    in time order; pages are served first come, first served."""
+    waiting: deque[list] = deque()  # [request, work left], each page
+    running: list[list] = []
+    pages_left = [len(document) for _, document in arrivals]
+    latencies = [math.nan] * len(arrivals)
+    upcoming = deque(enumerate(arrivals))
     now = 0.0
-    for _ in range(pages + WARM_UP_PAGES):
-        now += rng.expovariate(rate)
-        arrivals.append((now, rng.choice(model.factors)))
-    waiting: deque[tuple[float, float]] = deque()
-    running: list[list[float]] = []  # [arrival time, work left]
-    latencies: list[float] = []
-    now = 0.0
-    while arrivals or waiting or running:
+    while upcoming or waiting or running:
         while waiting and len(running) < model.max_batch:
-            running.append(list(waiting.popleft()))
+            running.append(waiting.popleft())
         speed = 1 / model.seconds(len(running)) if running else 0.0  # work a running page does a second
         done_at = now + min(work for _, work in running) / speed if running else math.inf
-        arrives_at = arrivals[0][0] if arrivals else math.inf
+        arrives_at = upcoming[0][1][0] if upcoming else math.inf
         step = min(done_at, arrives_at) - now
         for page in running:
             page[1] -= step * speed
         now += step
         if arrives_at <= done_at:
-            waiting.append(arrivals.popleft())
-        else:
-            latencies.extend(now - arrived for arrived, work in running if work <= 1e-9)
-            running = [page for page in running if page[1] > 1e-9]
-    return latencies[WARM_UP_PAGES:]
+            request, (_, document) = upcoming.popleft()
+            waiting.extend([request, work] for work in document)
+            continue
+        for request, work in running:
+            if work <= 1e-9:
+                pages_left[request] -= 1
+                if not pages_left[request]:
+                    latencies[request] = now - arrivals[request][0]
+        running = [page for page in running if page[1] > 1e-9]
+    return latencies

@@ -40,7 +40,8 @@ class Document:
 @dataclass
 class Outcome:
     """One request: its document's name, HTTP status (0: no answer), seconds end to end, and for a
-    200 the pages done, the text, and per page its queue wait and engine seconds."""
+    200 the pages done, the text, and per page its queue wait and engine seconds; in an open loop,
+    also when it was sent (seconds after the point began)."""
 
     document: str
     status: int
@@ -49,6 +50,7 @@ class Outcome:
     text: str = ""
     queue_s: list[float] = field(default_factory=list)
     engine_s: list[float] = field(default_factory=list)
+    sent_s: float = 0.0
 
 
 @dataclass
@@ -60,7 +62,11 @@ class Measurement:
         value: the point's concurrency or rate.
         seconds: how long the point ran (from its first request to its last answer).
         outcomes: every request's outcome.
-        setting: the server-side setting this point ran under (``KEY=VALUE``), or ``""``.
+        setting: the server-side settings this point ran under (``KEY=VALUE`` joined by spaces, the
+            swept key first), or ``""``.
+        offered: an open loop's pages/s as it came out: the pages of the requests it sent over its
+            seconds of arrivals (a Poisson process's count is random: ``value`` is its mean); NaN
+            for a closed loop.
     """
 
     mode: str
@@ -68,6 +74,7 @@ class Measurement:
     seconds: float
     outcomes: list[Outcome]
     setting: str = ""
+    offered: float = math.nan
 
     @property
     def pages_per_s(self) -> float:
@@ -98,7 +105,7 @@ class Measurement:
 
     def point(self) -> Point:
         """This measurement as a point of its sweep (:mod:`ocrserve.bench.analysis`)."""
-        return Point(self.value, self.pages_per_s, self.latency(95))
+        return Point(self.value, self.pages_per_s, self.latency(95), self.setting)
 
     def summary(self) -> dict:
         """The figures of the report: throughput, latency percentiles, queue and engine time, statuses."""
@@ -115,6 +122,7 @@ class Measurement:
             "queue_p50_s": _round(self.page_timing("queue_s", 50)),
             "queue_p95_s": _round(self.page_timing("queue_s", 95)),
             "engine_p50_s": _round(self.page_timing("engine_s", 50)),
+            "offered_pages_per_s": _round(self.offered),
             "statuses": self.statuses,
         }
 
@@ -210,20 +218,22 @@ async def open_loop(
     outcomes: list[Outcome] = []
     tasks: list[asyncio.Task] = []
 
-    async def one(document: Document) -> None:
+    async def one(document: Document, sent_s: float) -> None:
         outcome = await send(client, document)
+        outcome.sent_s = sent_s
         outcomes.append(outcome)
         tick(outcome)
 
     started = time.monotonic()
     due = started
-    index = 0
+    pages = 0
     while (due := due + rng.expovariate(requests_per_s)) < started + seconds:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        tasks.append(asyncio.create_task(one(documents[index % len(documents)])))
-        index += 1
+        document = documents[len(tasks) % len(documents)]
+        tasks.append(asyncio.create_task(one(document, time.monotonic() - started)))
+        pages += document.pages
     await asyncio.gather(*tasks)
-    return Measurement("open", rate, time.monotonic() - started, outcomes)
+    return Measurement("open", rate, time.monotonic() - started, outcomes, offered=pages / seconds)
 
 
 def http_client(url: str, concurrency: int, api_key: str | None = None) -> httpx.AsyncClient:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ocrserve.bench.analysis import Point
+from ocrserve.bench.analysis import Point, curves
 from ocrserve.bench.capacity import ServiceModel, simulate
 from ocrserve.bench.harness import percentile
 from ocrserve.config import assign
@@ -33,6 +33,7 @@ CSV_COLUMNS = [
     "queue_p50_s",
     "queue_p95_s",
     "engine_p50_s",
+    "offered_pages_per_s",
     "statuses",
 ]
 
@@ -106,15 +107,18 @@ def overlay_yaml(settings: dict[str, object]) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Throughput and p95 of the closed-loop points against the swept value, the knee and the p95
-    target marked."""
+    """Throughput and p95 of the closed-loop points against the swept value (a line per setting of
+    the other swept keys), the knee and the p95 target marked."""
     plt = _pyplot()
-    points = sorted((p for p in report["points"] if p["mode"] == "closed"), key=lambda p: p["value"])
-    values = [p["value"] for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    top.plot(values, [p["pages_per_s"] for p in points], "o-", color="tab:blue")
+    values = []
+    closed = (p for p in report["points"] if p["mode"] == "closed")
+    for label, points in curves(closed, lambda p: p["setting"], lambda p: p["value"]).items():
+        values += [p["value"] for p in points]
+        x = [p["value"] for p in points]
+        top.plot(x, [p["pages_per_s"] for p in points], "o-", label=label or None)
+        bottom.plot(x, [math.nan if p["p95_s"] is None else p["p95_s"] for p in points], "o-", label=label or None)
     top.set_ylabel("pages/s")
-    bottom.plot(values, [math.nan if p["p95_s"] is None else p["p95_s"] for p in points], "o-", color="tab:red")
     bottom.set_ylabel("p95 latency, s")
     bottom.set_xlabel(report["swept"])
     if len(values) > 1 and min(values) > 0 and max(values) / min(values) >= 8:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -16,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ocrserve.bench.analysis import KNEE_GAIN, knee, recommend
-from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, in_flight, replicas, simulate
+from ocrserve.bench.analysis import KNEE_GAIN, curves, knee, recommend
+from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, Work, in_flight, replicas, serve, simulate
 from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
 from ocrserve.bench.mixed import mixed
@@ -45,6 +46,20 @@ def _sweep(spec: str) -> tuple[str, list[str]]:
         err_console.print(f"[red]error:[/red] --sweep takes KEY=V1,V2,..., got {spec!r}")
         raise typer.Exit(2)
     return key, [v for v in values.split(",") if v]
+
+
+def _grid(specs: list[str]) -> list[str]:
+    """Every combination of the ``--sweep`` values, each ``KEY=VALUE`` joined by spaces, the first
+    key's values varying fastest within each combination of the others (no specs: none).
+
+    Example: ``["a=1,2", "b=x,y"]`` -> ``["a=1 b=x", "a=2 b=x", "a=1 b=y", "a=2 b=y"]``.
+    """
+    if not specs:
+        return []
+    axes = [_sweep(spec) for spec in specs]
+    key, values = axes[0]
+    others = itertools.product(*([f"{k}={v}" for v in vs] for k, vs in axes[1:]))
+    return [" ".join([f"{key}={v}", *rest]) for rest in others for v in values]
 
 
 def _truths(found: dict[Path, Path]) -> dict[str, str]:
@@ -123,8 +138,12 @@ def bench(
     ] = None,
     profile: Annotated[str, typer.Option(metavar="NAME|PATH", help="Profile of the gateways started here.")] = "local",
     sweep: Annotated[
-        str | None,
-        typer.Option(metavar="KEY=V1,V2", help="Server-side sweep: start the gateway once per value of KEY."),
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=V1,V2",
+            help="Server-side sweep: start the gateway once per value of KEY (repeatable: every combination; "
+            "the first KEY is the curve's axis).",
+        ),
     ] = None,
     concurrency: Annotated[
         str, typer.Option(metavar="LIST", help="Closed loop: requests in flight (with --sweep: the largest is used).")
@@ -155,31 +174,34 @@ def bench(
 ) -> None:
     """Measure throughput and latency with real documents, find the knee, recommend a setting.
 
-    Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
-    (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
-    capacity simulator's prediction. With --sweep the gateway is started once per value (on the
-    --profile) and loaded at the largest --concurrency: the server-side batch-size curve.
+        Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
+        (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
+        capacity simulator's prediction. With --sweep the gateway is started once per value (on the
+        --profile) and loaded at the largest --concurrency: the server-side batch-size curve. Several
+    --sweep options run every combination: one curve along the first KEY per setting of the others.
 
-    The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
-    recommendation is the setting with the highest throughput whose p95 meets it. The texts at the
-    smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
-    against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
+        The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
+        recommendation is the setting with the highest throughput whose p95 meets it. The texts at the
+        smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
+        against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
 
-    --scenario mixed measures the lanes instead: a single-page document of --corpus sent every
-    --interval seconds (priority=interactive) alone, then the documents posted by the largest
-    --concurrency of clients as priority=bulk alone, then both, each phase --duration seconds; it
-    reports the interactive p95 under the flood against idle and bulk pages/s with the stream
-    against without (with --sweep: per value, e.g. router.mode=lanes,fifo).
+        --scenario mixed measures the lanes instead: a single-page document of --corpus sent every
+        --interval seconds (priority=interactive) alone, then the documents posted by the largest
+        --concurrency of clients as priority=bulk alone, then both, each phase --duration seconds; it
+        reports the interactive p95 under the flood against idle and bulk pages/s with the stream
+        against without (with --sweep: per value, e.g. router.mode=lanes,fifo).
 
-    Examples:
+        Examples:
 
-        ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
+            ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
 
-        ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
+            ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
 
-        ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
+            ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
 
-        ocrserve bench --corpus scans/ --scenario mixed --sweep router.mode=lanes,fifo --concurrency 4 --duration 60
+            ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6 --sweep engine.onnx.det_workers=1,2
+
+            ocrserve bench --corpus scans/ --scenario mixed --sweep router.mode=lanes,fifo --concurrency 4 --duration 60
     """
     if scenario not in ("sweep", "mixed"):
         err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")
@@ -189,7 +211,7 @@ def bench(
     run = Run(
         url,
         profile,
-        sweep,
+        sweep or [],
         _numbers(concurrency, "--concurrency"),
         _numbers(rate, "--rate") if rate else [],
         duration,
@@ -214,7 +236,7 @@ class Run:
 
     url: str | None
     profile: str
-    sweep: str | None
+    sweep: list[str]
     concurrencies: list[float]
     rates: list[float]
     duration: float
@@ -228,7 +250,7 @@ class Run:
 
 
 def _bench_mixed(documents: list[Document], run: Run, out: Path) -> None:
-    settings = [f"{key}={v}" for key, values in [_sweep(run.sweep)] for v in values] if run.sweep else [""]
+    settings = _grid(run.sweep) or [""]
     rows = [_mixed_run(run, setting, documents) for setting in settings]
     _print_mixed(rows)
     for path in write_mixed(rows, out):
@@ -237,14 +259,14 @@ def _bench_mixed(documents: list[Document], run: Run, out: Path) -> None:
 
 def _bench_sweep(documents, run: Run, p95, knee_gain, max_cer_drift, cost_per_hour, truths, out: Path) -> None:
     if run.sweep:
-        key, values = _sweep(run.sweep)
-        _numbers(",".join(values), f"--sweep {key} (its knee needs numbers)")
-        measured = _run_sweep(run, key, values, documents)
+        key, values = _sweep(run.sweep[0])
+        _numbers(",".join(values), f"--sweep {key} (the curve's axis, so its knee, needs numbers)")
+        measured = _run_sweep(run, _grid(run.sweep), documents)
         swept, title = key, f"{key} at concurrency {run.clients}"
     else:
         measured = _run_client(run, documents)
         swept, title = "concurrency", f"concurrency sweep of {run.url or 'a local gateway (' + run.profile + ')'}"
-    report = _report(measured, swept, title, p95, knee_gain, cost_per_hour, truths, max_cer_drift, run.sweep)
+    report = _report(measured, swept, title, p95, knee_gain, cost_per_hour, truths, max_cer_drift)
     _print(report)
     for path in write(report, out):
         err_console.print(f"wrote {path}")
@@ -315,77 +337,111 @@ def _run_client(run: Run, documents: list[Document]) -> list[Measurement]:
             gateway.stop()
 
 
-def _run_sweep(run: Run, key: str, values: list[str], documents: list[Document]) -> list[Measurement]:
+def _run_sweep(run: Run, settings: list[str], documents: list[Document]) -> list[Measurement]:
     measured = []
-    progress, point = _progress(len(values))
+    progress, point = _progress(len(settings))
     try:
-        for value in values:
-            with LocalGateway(f"{key}={value}", profile=run.profile) as gateway:
+        for setting in settings:
+            with LocalGateway(*setting.split(), profile=run.profile) as gateway:
                 measurement = asyncio.run(
-                    _server_point(gateway.url, documents, run.clients, run.duration, f"{key}={value}", point)
+                    _server_point(gateway.url, documents, run.clients, run.duration, setting, point)
                 )
-            measurement.value = float(value)
+            measurement.value = float(setting.split()[0].partition("=")[2])
             measured.append(measurement)
     finally:
         _stop(progress)
     return measured
 
 
-def _report(measured, swept, title, p95_target, gain, cost_per_hour, truths, max_drift, sweep) -> dict:
+def _report(measured, swept, title, p95_target, gain, cost_per_hour, truths, max_drift) -> dict:
     closed = [m for m in measured if m.mode == "closed"]
-    points = [m.point() for m in closed]
-    bend = knee(points, gain)
-    chosen = recommend(points, p95_target) if p95_target is not None else None
+    by_curve = curves(closed, lambda m: m.setting, lambda m: m.value)
+    bends = {label: knee([m.point() for m in points], gain) for label, points in by_curve.items()}
+    chosen = recommend([m.point() for m in closed], p95_target) if p95_target is not None else None
+    best = chosen or max(bends.values(), key=lambda p: p.pages_per_s)
+    curve = best.setting.partition(" ")[2]
+    bend = bends[curve]
     target = chosen or bend
-    by_value = {m.value: m for m in closed}
-    check = quality(by_value[min(by_value)].texts, by_value[target.value].texts, truths)
+    by_point = {(m.setting, m.value): m for m in closed}
+    baseline = by_curve[curve][0]
+    check = quality(baseline.texts, by_point[target.setting, target.value].texts, truths)
     check["flagged"] = check["drift_cer"] is not None and check["drift_cer"] > max_drift
     check["max_cer_drift"] = max_drift
     report = {
         "title": title,
         "swept": swept,
         "points": [m.summary() for m in measured],
-        "knee": {"value": bend.value, "pages_per_s": bend.pages_per_s, "p95_s": bend.p95_s, "gain": gain},
+        "knee": _figures(bend) | {"gain": gain},
         "p95_target_s": p95_target,
-        "recommendation": None
-        if chosen is None
-        else {"value": chosen.value, "pages_per_s": chosen.pages_per_s, "p95_s": chosen.p95_s},
-        "quality": check | {"baseline": min(by_value), "candidate": target.value},
+        "recommendation": None if chosen is None else _figures(chosen),
+        "quality": check | {"baseline": baseline.value, "candidate": target.value},
         "cost": cost(target, cost_per_hour) | ({"per_hour": cost_per_hour} if cost_per_hour is not None else {}),
     }
-    if sweep and chosen is not None:
-        key = sweep.partition("=")[0]
-        report["overlay"] = {key: _number(chosen.value)}
-    if not sweep and len(by_value) >= 2:
-        model = _fit(closed, bend.value)
-        report["service_model"] = {"a": model.a, "b": model.b, "max_batch": model.max_batch, "factors": model.factors}
-        report["open_loop"] = [_predicted(m, model) for m in measured if m.mode == "open"]
+    if len(by_curve) > 1:
+        report["knees"] = [_figures(p) for p in bends.values()]
+    if chosen is not None and chosen.setting:
+        report["overlay"] = {k: _number(v) for k, _, v in (s.partition("=") for s in chosen.setting.split())}
+    if swept == "concurrency" and len(closed) >= 2:
+        model, documents = _fit(closed, bend.value)
+        report["service_model"] = {"a": model.a, "b": model.b, "max_batch": model.max_batch, "documents": documents}
+        report["open_loop"] = [_predicted(m, model, documents) for m in measured if m.mode == "open"]
     return report
 
 
-def _fit(closed: list[Measurement], knee_value: float) -> ServiceModel:
+def _figures(point) -> dict:
+    """A point's figures in the report: its value, settings, pages/s and p95."""
+    return {"value": point.value, "setting": point.setting, "pages_per_s": point.pages_per_s, "p95_s": point.p95_s}
+
+
+def _fit(closed: list[Measurement], knee_value: float) -> tuple[ServiceModel, dict[str, Work]]:
     """The engine's ``T(B)`` from the closed-loop points up to the knee (past it, more in flight only
-    queues: it batches no more; at least the two lowest), with the work factors of the pages at the
-    lowest concurrency."""
+    queues: it batches no more; at least the two lowest), and the documents' work factors from the
+    lowest concurrency (by name, for replays)."""
     ordered = sorted((m for m in closed if m.pages_per_s > 0), key=lambda m: m.value)
     batching = [m for m in ordered if m.value <= knee_value]
     batching = batching if len(batching) >= 2 else ordered[:2]
-    return ServiceModel.fit(
-        [(int(m.value), m.pages_per_s) for m in batching], [s for o in ordered[0].outcomes for s in o.engine_s]
-    )
+    documents = _work(ordered[0])
+    return ServiceModel.fit([(int(m.value), m.pages_per_s) for m in batching], list(documents.values())), documents
 
 
-def _predicted(measurement: Measurement, model: ServiceModel) -> dict:
-    """An open-loop point's measured p95 beside the simulator's for the same offered rate."""
+def _work(lowest: Measurement) -> dict[str, Work]:
+    """Each document's pages' work factors (:mod:`ocrserve.bench.capacity`): its mean end-to-end
+    seconds at the lowest concurrency (alone, at concurrency 1), shared by its pages, over the mean
+    page's seconds there."""
+    done = [o for o in lowest.outcomes if o.status == 200 and o.pages]
+    mean_page = sum(o.seconds for o in done) / sum(o.pages for o in done)
+    seconds: dict[str, list[float]] = {}
+    for o in done:
+        seconds.setdefault(o.document, []).append(o.seconds / o.pages / mean_page)
+    pages = {o.document: o.pages for o in done}
+    return {name: (sum(f) / len(f),) * pages[name] for name, f in seconds.items()}
+
+
+def _predicted(measurement: Measurement, model: ServiceModel, documents: dict[str, Work]) -> dict:
+    """An open-loop point's measured p95 beside the simulator's: in steady state at the pages/s the
+    point offered, and replaying the point's own arrivals (when each document was sent)."""
     try:
-        simulated = percentile(simulate(model, measurement.value), 95)
+        simulated = percentile(simulate(model, measurement.offered), 95)
     except ValueError:  # at or past the model's capacity: no steady state to predict
         simulated = math.inf
-    return {"rate": measurement.value, "measured_p95_s": measurement.latency(95), "simulated_p95_s": simulated}
+    sent = sorted((o.sent_s, documents.get(o.document, (1.0,))) for o in measurement.outcomes)
+    return {
+        "rate": measurement.value,
+        "offered_pages_per_s": round(measurement.offered, 4),
+        "measured_p95_s": measurement.latency(95),
+        "simulated_p95_s": simulated,
+        "replayed_p95_s": percentile(serve(model, sent), 95),
+    }
 
 
-def _number(value: float) -> int | float:
-    return int(value) if value == int(value) else value
+def _number(text: str) -> int | float | str:
+    """A setting's value as YAML should hold it: an int, a float, else the text (``lanes``)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _print(report: dict) -> None:
@@ -401,9 +457,8 @@ def _print(report: dict) -> None:
         title=report["title"],
     )
     for p in report["points"]:
-        label = p["setting"].partition("=")[2] or f"{p['mode']} {p['value']:g}"
         table.add_row(
-            label,
+            _label(p) if p["setting"] else f"{p['mode']} {p['value']:g}",
             f"{p['pages_per_s']:.2f}",
             _s(p["p50_s"]),
             _s(p["p95_s"]),
@@ -412,16 +467,16 @@ def _print(report: dict) -> None:
             json.dumps(p["statuses"]),
         )
     console.print(table)
-    k = report["knee"]
-    console.print(
-        f"knee: {report['swept']} = {k['value']:g} ({k['pages_per_s']:.2f} pages/s, p95 {_s(k['p95_s'])} s; "
-        f"the next step adds < {k['gain']:.0%})"
-    )
+    for k in report.get("knees", [report["knee"]]):
+        console.print(
+            f"knee: {report['swept']} = {_label(k)} ({k['pages_per_s']:.2f} pages/s, p95 {_s(k['p95_s'])} s; "
+            f"the next step adds < {report['knee']['gain']:.0%})"
+        )
     chosen = report["recommendation"]
     if report["p95_target_s"] is not None:
         if chosen:
             console.print(
-                f"recommended for p95 <= {report['p95_target_s']:g} s: {report['swept']} = {chosen['value']:g} "
+                f"recommended for p95 <= {report['p95_target_s']:g} s: {report['swept']} = {_label(chosen)} "
                 f"({chosen['pages_per_s']:.2f} pages/s, p95 {chosen['p95_s']:.2f} s)"
             )
         else:
@@ -442,10 +497,23 @@ def _print(report: dict) -> None:
         + (f", {figures['cost_per_1000_pages']:.4f} per 1000 pages" if "cost_per_1000_pages" in figures else "")
     )
     for row in report.get("open_loop", []):
+        measured = row["measured_p95_s"]
         console.print(
-            f"open loop {row['rate']:g} pages/s: measured p95 {_s(row['measured_p95_s'])} s, "
-            f"simulated {_s(row['simulated_p95_s'])} s"
+            f"open loop {row['rate']:g} pages/s ({row['offered_pages_per_s']:.3f} offered): measured p95 "
+            f"{_s(measured)} s; simulated at {row['offered_pages_per_s']:.3f} pages/s {_s(row['simulated_p95_s'])} s "
+            f"({_error(row['simulated_p95_s'], measured)}); its arrivals replayed {_s(row['replayed_p95_s'])} s "
+            f"({_error(row['replayed_p95_s'], measured)})"
         )
+
+
+def _error(predicted: float, measured: float) -> str:
+    """A prediction's error relative to the measurement, e.g. ``+12%``."""
+    return f"{predicted / measured - 1:+.0%}" if measured and math.isfinite(predicted) else "-"
+
+
+def _label(point: dict) -> str:
+    """A point by its swept value, with the other swept keys' settings where there are some."""
+    return " ".join([f"{point['value']:g}", *point["setting"].split()[1:]])
 
 
 def _s(value: float | None) -> str:
@@ -527,7 +595,8 @@ def _model(from_bench, a, b, max_batch) -> ServiceModel:
                 "more --concurrency points"
             )
             raise typer.Exit(2)
-        return ServiceModel(fitted["a"], fitted["b"], fitted["max_batch"], tuple(fitted.get("factors", (1.0,))))
+        documents = tuple(tuple(d) for d in fitted["documents"].values())
+        return ServiceModel(fitted["a"], fitted["b"], fitted["max_batch"], documents)
     if a is None or b is None or max_batch is None:
         err_console.print("[red]error:[/red] give --from-bench REPORT, or --a, --b and --max-batch")
         raise typer.Exit(2)

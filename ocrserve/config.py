@@ -332,6 +332,17 @@ class PreprocessConfig(Section):
         640 * 2**20, ge=1, description="Decoded bytes per page: pixels x channels x bytes per sample (413 above)"
     )
     pdf_dpi: float = Field(200.0, gt=0, description="Resolution that defines a PDF page's pixel size")
+    pdf_text: Literal["auto", "never", "always"] = Field(
+        "auto",
+        description="auto: a PDF page whose text layer holds its visible text is answered from it, without "
+        "OCR (scans, invisible OCR layers and garbage go to the engine); never: OCR every page; always: "
+        "any text layer",
+    )
+    orientation: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: the engine finds how far each page's text is turned (0/90/180/270) and reads "
+        "it upright (the page reports its rotation); off: pages are read as they come",
+    )
     workers: int = Field(0, ge=0, description="Decoding processes for interactive pages; 0 = one per core")
     background_workers: int = Field(
         0,

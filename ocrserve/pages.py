@@ -20,6 +20,9 @@ class Page:
         visual_tokens: the estimate ``(h / factor) * (w / factor)`` of a VLM's visual tokens for
             ``image`` (Qwen2-VL: one token per 28x28 block after the 2x2 merge).
         preprocess_s: seconds spent decoding and resizing this page.
+        orientation: whether the engine detects the page's orientation (``preprocess.orientation``).
+        text_layer: a PDF page's result read from its own text layer
+            (:mod:`ocrserve.preprocess.textlayer`): the page needs no OCR; None otherwise.
     """
 
     index: int
@@ -28,6 +31,8 @@ class Page:
     height: int
     visual_tokens: int
     preprocess_s: float = 0.0
+    orientation: bool = True
+    text_layer: PageResult | None = None
 
     @property
     def scale(self) -> tuple[float, float]:
@@ -40,12 +45,14 @@ class Page:
 class Line:
     """One line of text: its string, its quadrilateral in client page pixels, its confidence.
 
-    ``box`` is four ``[x, y]`` points, clockwise from top-left; ``score`` is in ``[0, 1]``.
+    ``box`` is four ``[x, y]`` points, clockwise from top-left; ``score`` is in ``[0, 1]``;
+    ``block``: the index of its block in the page's ``blocks`` (:mod:`ocrserve.layout`).
     """
 
     text: str
     box: list[list[float]]
     score: float
+    block: int = 0
 
 
 @dataclass
@@ -56,6 +63,10 @@ class PageResult:
     VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
     ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
     ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
+    ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
+    (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
+    how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
+    ``source`` says where the text came from: ``ocr`` or the PDF's ``text_layer``.
     """
 
     index: int
@@ -66,6 +77,10 @@ class PageResult:
     timings: dict[str, float] = field(default_factory=dict)
     error: dict | None = None
     generation: dict | None = None
+    blocks: list[dict] = field(default_factory=list)
+    rotation: int = 0
+    skew_deg: float = 0.0
+    source: str = "ocr"
 
     def to_dict(self) -> dict:
         """JSON-ready dict; ``error`` appears only on a failed page, ``generation`` only where set."""

@@ -90,6 +90,9 @@ class PagePipeline:
             return Attempt.failed(page.index, page.problem)
         metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
         queued = time.perf_counter()
+        if page.text_layer is not None:  # a born-digital PDF page: its own text, no OCR
+            reservation.release(1)
+            return Attempt(with_timings(page.text_layer, page, queued))
         try:
             result = await self.router.submit(page, reservation, work)
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry

@@ -81,9 +81,9 @@ async def test_bulk_pages_run_on_lower_priority_threads(engine):
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    def detecting(image, priority):
+    def detecting(image, priority, orientation):
         seen.add(("det", priority, nice()))
-        return detect(image, priority)
+        return detect(image, priority, orientation)
 
     def recognizing(crops, priority):
         seen.add(("rec", priority, nice()))

@@ -5,6 +5,7 @@ request recipe and reply reading of :mod:`ocrserve.engines.chat` on the registry
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -296,7 +297,7 @@ def test_every_registry_model_has_its_clean_up():
 
 def test_reply_lines_fences_and_front_matter():
     page = _page()
-    text, lines = read_reply(get_model(MODEL), "```markdown\n# Title\n\nBody line\n```", page)
+    text, lines, _ = read_reply(get_model(MODEL), "```markdown\n# Title\n\nBody line\n```", page)
     assert text == "# Title\n\nBody line"
     assert [line.text for line in lines] == ["# Title", "Body line"]
     assert lines[0].box == [[0, 0], [1000, 0], [1000, 800], [0, 800]] and lines[0].score == 1.0
@@ -306,7 +307,7 @@ def test_reply_lines_fences_and_front_matter():
 
 def test_hunyuan_degenerate_tail_is_cut_to_one_copy():
     reply = "x" * 8000 + "ab" * 50
-    text, _ = read_reply(get_model(MODEL), reply, _page())
+    text, _, _ = read_reply(get_model(MODEL), reply, _page())
     assert text == "x" * 8000 + "ab"
     assert read_reply(get_model(MODEL), "ab" * 50, _page())[0] == "ab" * 50  # short replies untouched
 
@@ -316,9 +317,10 @@ def test_deepseek_grounding_gives_boxes_in_client_pixels():
         "<|ref|>title<|/ref|><|det|>[[0, 0, 999, 99]]<|/det|>\n# Report\n\n"
         "<|ref|>text<|/ref|><|det|>[[99, 499, 499, 999]]<|/det|>\nFirst line\nSecond line"
     )
-    text, lines = read_reply(get_model("deepseek-ai/DeepSeek-OCR"), reply, _page(999, 1998))
+    text, lines, blocks = read_reply(get_model("deepseek-ai/DeepSeek-OCR"), reply, _page(999, 1998))
     assert text == "# Report\n\nFirst line\nSecond line"
     assert [line.text for line in lines] == ["# Report", "First line", "Second line"]
+    assert [line.block for line in lines] == [0, 1, 1] and [b["lines"] for b in blocks] == [[0], [1, 2]]
     assert lines[0].box == [[0, 0], [999, 0], [999, 198], [0, 198]]
     assert lines[2].box == [[99, 998], [499, 998], [499, 1998], [99, 1998]]
 
@@ -328,11 +330,21 @@ def test_dots_layout_json_gives_boxes_scaled_from_the_model_image():
         '[{"bbox": [10, 20, 110, 40], "category": "Title", "text": "Heading"}, '
         '{"bbox": [10, 50, 300, 90], "category": "Picture"}]'
     )
-    text, lines = read_reply(get_model("rednote-hilab/dots.ocr"), reply, _page())  # model saw 500 x 400
+    text, lines, _ = read_reply(get_model("rednote-hilab/dots.ocr"), reply, _page())  # model saw 500 x 400
     assert text == "Heading"
     assert lines[0].box == [[20, 40], [220, 40], [220, 80], [20, 80]]
-    plain, lines = read_reply(get_model("rednote-hilab/dots.ocr"), "just text", _page())
+    plain, lines, _ = read_reply(get_model("rednote-hilab/dots.ocr"), "just text", _page())
     assert plain == "just text" and lines[0].box == [[0, 0], [1000, 0], [1000, 800], [0, 800]]
+
+
+def test_a_vlms_located_blocks_are_put_in_reading_order():
+    """dots.ocr lists a two-column page's cells as it likes: the shared ordering code reads the
+    title, then the left column, then the right."""
+    cells = [("Right column", [260, 60, 480, 300]), ("Title", [20, 10, 480, 40]), ("Left column", [20, 60, 240, 300])]
+    reply = json.dumps([{"bbox": box, "category": "Text", "text": text} for text, box in cells])
+    text, lines, blocks = read_reply(get_model("rednote-hilab/dots.ocr"), reply, _page())
+    assert text == "Title\n\nLeft column\n\nRight column"
+    assert [line.block for line in lines] == [0, 1, 2] and len(blocks) == 3
 
 
 def test_vllm_metrics_and_base_urls():

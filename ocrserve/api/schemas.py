@@ -11,6 +11,14 @@ class LineOut(BaseModel):
     text: str
     box: list[list[float]]
     score: float = Field(ge=0, le=1)
+    block: int = Field(0, description="index of the line's block in the page's blocks")
+
+
+class BlockOut(BaseModel):
+    """A block of lines (a paragraph, a column's run of text, a title), in reading order."""
+
+    box: list[float] = Field(description="[x0, y0, x1, y1] in the client's page pixels")
+    lines: list[int] = Field(description="indices of its lines in the page's lines")
 
 
 class PageOut(BaseModel):
@@ -21,8 +29,16 @@ class PageOut(BaseModel):
         description="page width in the client's pixels (after EXIF orientation; PDFs at preprocess.pdf_dpi)"
     )
     height: int
-    text: str
-    lines: list[LineOut]
+    text: str = Field(
+        description="lines in reading order: a row's lines joined by spaces, rows by newlines, blocks by blank lines"
+    )
+    lines: list[LineOut] = Field(description="in reading order")
+    blocks: list[BlockOut] = Field([], description="the page's blocks in reading order")
+    rotation: int = Field(
+        0, description="degrees the page's text was turned clockwise and read upright (0, 90, 180, 270)"
+    )
+    skew_deg: float = Field(0.0, description="the skew the reading order was read through, degrees")
+    source: str = Field("ocr", description="ocr, or text_layer: a born-digital PDF page's own text, without OCR")
     timings: dict[str, float] = Field(description="queue_s, preprocess_s, engine_s and engine stages, seconds")
     error: dict | None = None
     generation: dict | None = Field(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from ocrserve.layout import block_order
 from ocrserve.models import ModelSpec
 from ocrserve.pages import Line, Page, PageResult
 
@@ -206,24 +207,27 @@ def _text_lines(text: str, box: list[list[float]]) -> list[Line]:
     return [Line(text=line.strip(), box=box, score=1.0) for line in text.splitlines() if line.strip()]
 
 
-def grounded_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
+#: A block a VLM located: its text and its box (client pixels).
+Cell = tuple[str, list[list[float]]]
+
+
+def grounded_cells(text: str, page: Page) -> list[Cell] | None:
     """DeepSeek-OCR grounding markup: ``<|ref|>kind<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>`` then
     the block's text up to the next marker. Boxes are 0..999 of the page. ``None`` without markup."""
     markers = list(_GROUNDING.finditer(text))
     if not markers:
         return None
     sx, sy = page.width / DEEPSEEK_BOX_SCALE, page.height / DEEPSEEK_BOX_SCALE
-    lines, blocks = [], []
+    cells = []
     for marker, following in zip(markers, markers[1:] + [None], strict=True):
         body = text[marker.end() : following.start() if following else len(text)].strip()
         boxes = [_rect(*map(float, b.groups()), sx, sy) for b in _BOX.finditer(marker.group(2))]
         if body:
-            blocks.append(body)
-            lines += _text_lines(body, boxes[0] if boxes else page_box(page))
-    return "\n\n".join(blocks), lines
+            cells.append((body, boxes[0] if boxes else page_box(page)))
+    return cells
 
 
-def layout_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
+def layout_cells(text: str, page: Page) -> list[Cell] | None:
     """dots.ocr layout JSON: ``[{"bbox": [x1, y1, x2, y2], "category": ..., "text": ...}, ...]`` with
     boxes in pixels of the image the model saw (the normalized page; dots.ocr
     ``utils/layout_utils.py`` ``post_process_cells`` scales them the same way). ``None`` if not JSON."""
@@ -234,40 +238,43 @@ def layout_lines(text: str, page: Page) -> tuple[str, list[Line]] | None:
     if not isinstance(cells, list) or not all(isinstance(c, dict) and "bbox" in c for c in cells):
         return None
     sx, sy = page.scale
-    lines, blocks = [], []
-    for cell in cells:
-        body = str(cell.get("text") or "").strip()
-        if body and len(cell["bbox"]) == 4:
-            blocks.append(body)
-            lines += _text_lines(body, _rect(*map(float, cell["bbox"]), sx, sy))
-    return "\n\n".join(blocks), lines
+    bodies = [(str(cell.get("text") or "").strip(), cell["bbox"]) for cell in cells]
+    return [(body, _rect(*map(float, bbox), sx, sy)) for body, bbox in bodies if body and len(bbox) == 4]
 
 
-BOX_READERS: dict[str, Callable[[str, Page], tuple[str, list[Line]] | None]] = {
-    "deepseek_vl_v2": grounded_lines,
-    "dots_ocr": layout_lines,
+BOX_READERS: dict[str, Callable[[str, Page], list[Cell] | None]] = {
+    "deepseek_vl_v2": grounded_cells,
+    "dots_ocr": layout_cells,
 }
-"""``ModelSpec.architecture`` -> the reader of the boxes that model family writes."""
+"""``ModelSpec.architecture`` -> the reader of the located blocks that model family writes."""
 
 
-def read_reply(spec: ModelSpec, reply: str, page: Page) -> tuple[str, list[Line]]:
-    """The page's text and lines from a model's reply (see the module docstring).
+def read_reply(spec: ModelSpec, reply: str, page: Page) -> tuple[str, list[Line], list[dict]]:
+    """The page's text, lines and blocks from a model's reply (see the module docstring).
 
     Returns:
-        ``(text, lines)``: lines are the text's non-empty lines, each with its box in client pixels.
+        ``(text, lines, blocks)``: lines are the text's non-empty lines, each with its box in client
+        pixels. Blocks a model located are put in reading order (:func:`ocrserve.layout.block_order`)
+        and separated by blank lines; each line carries its block's index, and ``blocks`` their boxes.
     """
     text = strip_fence(CLEANERS[spec.postprocess](reply).strip())
     reader = BOX_READERS.get(spec.architecture)
-    boxed = reader(text, page) if reader else None
-    if boxed is not None:
-        return boxed
-    return text, _text_lines(text, page_box(page))
+    cells = reader(text, page) if reader else None
+    if cells is None:
+        return text, _text_lines(text, page_box(page)), []
+    cells = [cells[i] for i in block_order([box for _, box in cells], page.width, page.height)]
+    lines, blocks = [], []
+    for number, (body, box) in enumerate(cells):
+        first = len(lines)
+        lines += [Line(line.text, line.box, line.score, number) for line in _text_lines(body, box)]
+        blocks.append({"box": [*box[0], *box[2]], "lines": list(range(first, len(lines)))})
+    return "\n\n".join(body for body, _ in cells), lines, blocks
 
 
 def reply_result(spec: ModelSpec, reply: str, page: Page, timings: dict, generation: dict) -> PageResult:
     """The :class:`PageResult` of ``page`` from a model's ``reply`` (:func:`read_reply`), with the
     engine's ``timings`` (seconds) and ``generation`` report (``finish_reason`` and the like)."""
-    text, lines = read_reply(spec, reply, page)
+    text, lines, blocks = read_reply(spec, reply, page)
     return PageResult(
         index=page.index,
         width=page.width,
@@ -276,4 +283,5 @@ def reply_result(spec: ModelSpec, reply: str, page: Page, timings: dict, generat
         lines=lines,
         timings=timings,
         generation=generation,
+        blocks=blocks,
     )

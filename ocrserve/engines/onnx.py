@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,10 +31,14 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
 from ocrserve.engines.stages import PriorityGate, RecBatcher, background_pool
+from ocrserve.layout import arrange
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
 
 log = logging.getLogger(__name__)
+
+#: Lines recognized both ways up to confirm a page's turned orientation (:meth:`OnnxEngine._confirmed`).
+ROTATION_SAMPLE = 4
 
 
 @dataclass
@@ -44,11 +49,13 @@ class Detection:
         boxes: ``(n, 4, 2)`` float quadrilaterals in normalized-image pixels.
         crops: the ``n`` BGR line crops, upright.
         det_s: seconds spent detecting and classifying.
+        rotation: how far the page's text is turned clockwise, degrees (:func:`page_rotation`).
     """
 
     boxes: np.ndarray
     crops: list[np.ndarray]
     det_s: float
+    rotation: int = 0
 
 
 @dataclass
@@ -136,7 +143,7 @@ class OnnxEngine(Engine):
                 _stop_spinning(stage.session, threads)
         self._ocr = ocr
         for priority in (0, 1):
-            self._recognize(self._detect(_warm_up_image(), priority).crops, priority)
+            self._recognize(self._detect(_warm_up_image(), priority, True).crops, priority)
 
     async def close(self) -> None:
         self.ready = False
@@ -153,7 +160,7 @@ class OnnxEngine(Engine):
     def _stages(self, priority: int) -> Stages:
         return self._urgent if is_urgent(priority) else self._background
 
-    def _detect(self, image_rgb: np.ndarray, priority: int) -> Detection:
+    def _detect(self, image_rgb: np.ndarray, priority: int, orientation: bool) -> Detection:
         started = time.perf_counter()
         ocr, stages = self._ocr, self._stages(priority)
         bgr = np.ascontiguousarray(image_rgb[:, :, ::-1])
@@ -163,11 +170,37 @@ class OnnxEngine(Engine):
         if det.boxes is None or len(det.boxes) == 0:
             return Detection(np.zeros((0, 4, 2), np.float32), [], time.perf_counter() - started)
         crops = ocr.crop_text_regions(det_img, det.boxes)
+        raw = np.array(det.boxes, dtype=np.float64)
+        rotation = 0
         if ocr.use_cls:
-            crops = stages.cls(crops).img_list
+            labels = stages.cls(crops).cls_res
+            rotation = self._confirmed(stages, raw, crops, page_rotation(raw, labels)) if orientation else None
+            crops = [
+                np.rot90(crop, 2) if _upside_down(tall, label, rotation, ocr.cfg.Cls.cls_thresh) else crop
+                for crop, tall, label in zip(crops, _tall(raw), labels, strict=True)
+            ]
         h, w = bgr.shape[:2]
-        boxes = map_boxes_to_original(np.array(det.boxes, dtype=np.float32), op_record, h, w)
-        return Detection(boxes, list(crops), time.perf_counter() - started)
+        boxes = map_boxes_to_original(raw.astype(np.float32), op_record, h, w)
+        return Detection(boxes, crops, time.perf_counter() - started, rotation or 0)
+
+    @staticmethod
+    def _confirmed(stages: Stages, boxes: np.ndarray, crops: list[np.ndarray], rotation: int) -> int:
+        """The voted ``rotation``, or its half-turn opposite where recognition reads the page's
+        :data:`ROTATION_SAMPLE` longest lines of its way (wide at 0 or 180, tall at 90 or 270)
+        better turned half round: the orientation classifier can be sure and wrong (light text on
+        dark reads as upside down to it). An upright vote is taken as it is."""
+        if rotation == 0:
+            return 0
+        lengths = np.maximum(_side(boxes, 0), _side(boxes, 1))
+        ways = [i for i, tall in enumerate(_tall(boxes)) if bool(tall) == (rotation in (90, 270))]
+        sample = sorted(ways, key=lambda i: -lengths[i])[:ROTATION_SAMPLE]
+        straight = [crops[i] for i in sample]
+        scores = [
+            statistics.fmean(stages.rec(TextRecInput(img=batch)).scores or [0.0])
+            for batch in (straight, [np.rot90(crop, 2) for crop in straight])
+        ]
+        upside_down = scores[1] > scores[0]
+        return (90 if rotation in (90, 270) else 0) + (180 if upside_down else 0)
 
     def _recognize(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
         out = self._stages(priority).rec(TextRecInput(img=crops))
@@ -189,13 +222,22 @@ class OnnxEngine(Engine):
             for box, (text, score) in zip(detection.boxes, recognized, strict=True)
             if text.strip() and score >= self.cfg.text_score
         ]
+        started = time.perf_counter()
+        arranged = arrange(lines, page.width, page.height, detection.rotation)
         return PageResult(
             index=page.index,
             width=page.width,
             height=page.height,
-            text="\n".join(line.text for line in lines),
-            lines=lines,
-            timings={"det_s": round(detection.det_s, 4), "rec_s": round(rec_s, 4)},
+            text=arranged.text,
+            lines=arranged.lines,
+            timings={
+                "det_s": round(detection.det_s, 4),
+                "rec_s": round(rec_s, 4),
+                "layout_s": round(time.perf_counter() - started, 4),
+            },
+            blocks=arranged.blocks,
+            rotation=detection.rotation,
+            skew_deg=arranged.skew_deg,
         )
 
     async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
@@ -205,7 +247,7 @@ class OnnxEngine(Engine):
         turn = self._det_turn if urgent else self._background_turn
         pool = self._det_pool if urgent else self._background_pool
         async with turn.hold(priority):
-            running = loop.run_in_executor(pool, self._detect, page.image, priority)
+            running = loop.run_in_executor(pool, self._detect, page.image, priority, page.orientation)
             try:
                 detection = await asyncio.shield(running)
             except asyncio.CancelledError:  # the thread cannot be stopped: hold its permit until it is done
@@ -216,6 +258,46 @@ class OnnxEngine(Engine):
         started = time.perf_counter()
         recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
+
+
+def _side(boxes: np.ndarray, first: int) -> np.ndarray:
+    """Per ``(n, 4, 2)`` box, the length of its edge from point ``first`` to the next."""
+    return np.linalg.norm(boxes[:, first + 1] - boxes[:, first], axis=-1)
+
+
+def _tall(boxes: np.ndarray) -> np.ndarray:
+    """Per ``(n, 4, 2)`` detection box, whether rapidocr turns its crop a quarter turn
+    counter-clockwise (``get_rotate_crop_image``: at least 1.5 times taller than wide)."""
+    return _side(boxes, 1) >= 1.5 * _side(boxes, 0)
+
+
+def page_rotation(boxes: np.ndarray, labels: list[tuple[str, float]]) -> int:
+    """How far a page's text is turned clockwise (0, 90, 180 or 270 degrees), by a vote of its
+    lines, each weighted by its length times the orientation classifier's confidence.
+
+    A wide line the classifier finds upright votes 0, upside down 180; a tall one, turned a quarter
+    turn counter-clockwise into its crop (:func:`_tall`), was turned 90 degrees clockwise on the
+    page when the classifier finds the crop upright, 270 when upside down.
+
+    Args:
+        boxes: ``(n, 4, 2)`` detection quadrilaterals.
+        labels: per box, the classifier's ``(label, score)``: label ``"0"`` or ``"180"``.
+    """
+    lengths = np.maximum(_side(boxes, 0), _side(boxes, 1))
+    votes = dict.fromkeys((0, 90, 180, 270), 0.0)
+    for length, tall, (label, score) in zip(lengths, _tall(boxes), labels, strict=True):
+        votes[(90 if tall else 0) + (180 if "180" in label else 0)] += length * score
+    return max(votes, key=votes.__getitem__)
+
+
+def _upside_down(tall: bool, label: tuple[str, float], rotation: int | None, threshold: float) -> bool:
+    """Whether a line's crop is turned half round before recognition: as the page's ``rotation``
+    says for lines that run its way (wide on a page at 0 or 180 degrees, tall at 90 or 270); as
+    the classifier says (above ``threshold``) for the others and where orientation is off (None)."""
+    if rotation is None or bool(tall) != (rotation in (90, 270)):
+        name, score = label
+        return "180" in name and score > threshold
+    return rotation in (180, 270)
 
 
 def _stop_spinning(wrapper, intra_op_num_threads: int) -> None:

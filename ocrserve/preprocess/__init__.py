@@ -34,6 +34,7 @@ from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem
 from ocrserve.pages import Page
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.pool import DecodePool
+from ocrserve.preprocess.textlayer import read_text_layer
 from ocrserve.work import is_urgent
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
@@ -391,7 +392,8 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
 
 
 def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> Page:
-    """Render one PDF page straight at the scale its pixel budget allows (``/Rotate`` honoured)."""
+    """Render one PDF page straight at the scale its pixel budget allows (``/Rotate`` honoured),
+    with its text layer's result where ``preprocess.pdf_text`` takes it (:mod:`.textlayer`)."""
     started = time.perf_counter()
     width, height = _pdf_page_size(pdf, index, cfg)
     _check_pixels(width, height, cfg, index)
@@ -400,13 +402,16 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     width_pt, height_pt = page.get_size()
     scale = max(out_w / width_pt, out_h / height_pt)
     try:
+        text_layer = read_text_layer(page, index, width, height, cfg.pdf_text)
         bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
         rendered = bitmap.to_pil().convert("RGB")
     finally:
         page.close()
     if rendered.size != (out_w, out_h):
         rendered = rendered.resize((out_w, out_h), Image.Resampling.LANCZOS)
-    return _page(index, rendered, width, height, cfg, started)
+    decoded = _page(index, rendered, width, height, cfg, started)
+    decoded.text_layer = text_layer
+    return decoded
 
 
 def _page(index: int, image: Image.Image, width: int, height: int, cfg: PreprocessConfig, started: float) -> Page:
@@ -419,6 +424,7 @@ def _page(index: int, image: Image.Image, width: int, height: int, cfg: Preproce
         height=height,
         visual_tokens=visual_tokens(image.height, image.width, cfg.factor),
         preprocess_s=time.perf_counter() - started,
+        orientation=cfg.orientation == "auto",
     )
 
 

@@ -106,7 +106,7 @@ class Lane:
         self._clients: Counter[str] = Counter()  # admitted requests per client
         self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
         self._finish: dict[str, float] = {}  # each client's last finish tag
-        self._done: deque[float] = deque()  # completion instants within DRAIN_WINDOW_S
+        self._done: deque[tuple[float, float]] = deque()  # (instant, seconds) of completions within DRAIN_WINDOW_S
 
     @property
     def reserved(self) -> int:
@@ -132,20 +132,32 @@ class Lane:
         """The lane's deficit-round-robin quantum (``router.<lane>.weight``)."""
         return self.cfg.weight
 
-    def record_done(self, now: float) -> None:
-        """Note one page leaving the lane (finished in the engine)."""
-        self._done.append(now)
-        while self._done and self._done[0] < now - DRAIN_WINDOW_S:
+    def record_done(self, now: float, seconds: float) -> None:
+        """Note one page leaving the lane (finished in the engine) ``seconds`` after it was queued."""
+        self._done.append((now, seconds))
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Drop the completions older than :data:`DRAIN_WINDOW_S`."""
+        while self._done and self._done[0][0] < now - DRAIN_WINDOW_S:
             self._done.popleft()
 
     def drain_rate(self, now: float) -> float:
         """Pages per second this lane finished over the last :data:`DRAIN_WINDOW_S` (0 if none)."""
-        while self._done and self._done[0] < now - DRAIN_WINDOW_S:
-            self._done.popleft()
+        self._forget(now)
         if not self._done:
             return 0.0
-        span = max(now - self._done[0], 1.0)
+        span = max(now - self._done[0][0], 1.0)
         return len(self._done) / span
+
+    def latency_quantile(self, now: float, q: float) -> float | None:
+        """The ``q`` quantile (nearest rank) of the seconds from queue to done of the pages this lane
+        finished over the last :data:`DRAIN_WINDOW_S`; None if none did."""
+        self._forget(now)
+        if not self._done:
+            return None
+        seconds = sorted(s for _, s in self._done)
+        return seconds[max(0, math.ceil(q * len(seconds)) - 1)]
 
     def tag(self, client: str, cost: int) -> tuple[float, float]:
         """A new request's ``(start, finish)`` tags, start-time fair queueing over requests (Goyal,
@@ -523,7 +535,7 @@ class Router:
         ticket.lane.in_flight_cost -= ticket.cost
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
-            ticket.lane.record_done(now)
+            ticket.lane.record_done(now, now - ticket.enqueued)
             seconds = now - ticket.started
             self.service.record(ticket.cost, seconds)
             if self.limiter:

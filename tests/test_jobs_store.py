@@ -118,6 +118,17 @@ async def test_completion_counts_once_and_ends_the_job(store):
     assert await store.backlog() == 0
 
 
+async def test_open_jobs_by_status(store):
+    assert await store.open_jobs() == {"queued": 0, "running": 0}
+    first, _ = await store.create(make_job(2, priority=5))
+    await store.create(make_job(1))
+    assert await store.open_jobs() == {"queued": 2, "running": 0}
+    (claim,) = await store.claim("w", 1, LEASE)
+    assert claim.job_id == first.id and await store.open_jobs() == {"queued": 1, "running": 1}
+    await store.cancel(first.id)
+    assert await store.open_jobs() == {"queued": 1, "running": 0}
+
+
 async def test_idempotency_key(store):
     first, created = await store.create(make_job(1, request_hash="same"), "key-1")
     assert created

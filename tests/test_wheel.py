@@ -137,6 +137,9 @@ def test_wheel_launch_serves_ocr_from_any_directory(wheel_venv, tmp_path):
         response = httpx.post(gateway.url + "/v1/ocr", files={"file": (name, (DATA / name).read_bytes())}, timeout=120)
         assert response.status_code == 200, response.text
         text = response.json()["text"].lower()
+        # the web page and its files are in the wheel too (ocrserve.api.web)
+        for path in ("/", "/static/app.js", "/static/app.css", "/docs"):
+            assert httpx.get(gateway.url + path, timeout=30).status_code == 200, path
     finally:
         gateway.stop()
     truth = ground_truth("phototest.tif").lower()

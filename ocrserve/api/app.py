@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from ocrserve import __version__, metrics
 from ocrserve.alarm import within
-from ocrserve.api import jobs, problems, routes
+from ocrserve.api import jobs, problems, routes, web
 from ocrserve.api.auth import Gate, ProtectOps, ops_paths
 from ocrserve.api.limits import BodyLimitMiddleware
 from ocrserve.api.observe import MetricsMiddleware
@@ -99,6 +99,8 @@ def create_app(config: Config) -> FastAPI:
         version=__version__,
         summary="Document OCR over REST: text with line boxes, per page.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their scripts from a CDN: web.install serves both offline
+        redoc_url=None,
     )
     app.state.config = config
     app.state.gate = Gate(config)
@@ -106,6 +108,7 @@ def create_app(config: Config) -> FastAPI:
     app.include_router(routes.api)
     app.include_router(jobs.api)
     app.include_router(routes.ops)
+    web.install(app)
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=int(config.server.max_upload_mb * (1 << 20)),

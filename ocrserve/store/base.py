@@ -173,5 +173,10 @@ class JobStore(abc.ABC):
         """Pages waiting to be claimed or running, across all jobs."""
 
     @abc.abstractmethod
+    async def open_jobs(self) -> dict[str, int]:
+        """Jobs not ended yet, of every tenant, by status: ``{"queued": n, "running": n}`` (running:
+        a page of it was claimed)."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""

@@ -217,6 +217,22 @@ class RedisStore(JobStore):
                 pipe.zcard(self._key(name))
             return sum(await pipe.execute())
 
+    async def open_jobs(self):
+        # no index of open jobs: they are those with pages in the queues (members are "{id}:{seq}")
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in ("ready", "delayed", "leases"):
+                pipe.zrange(self._key(name), 0, -1)
+            jobs = sorted({member.rpartition(":")[0] for queue in await pipe.execute() for member in queue})
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in jobs:
+                pipe.hget(self._key("job", job_id), "status")
+            statuses = await pipe.execute() if jobs else []
+        counts = {JobStatus.QUEUED: 0, JobStatus.RUNNING: 0}
+        for status in statuses:
+            if status in counts:
+                counts[status] += 1
+        return counts
+
     async def close(self):
         await self._redis.aclose()
 

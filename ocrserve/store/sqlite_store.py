@@ -414,6 +414,12 @@ class SqliteStore(JobStore):
         rows = await self._call(self._read, "SELECT COUNT(*) AS n FROM pages WHERE state IN ('queued', 'running')", ())
         return rows[0]["n"]
 
+    async def open_jobs(self):
+        rows = await self._call(
+            self._read, "SELECT status, COUNT(*) AS n FROM jobs WHERE finished = 0 GROUP BY status", ()
+        )
+        return {JobStatus.QUEUED: 0, JobStatus.RUNNING: 0} | {row["status"]: row["n"] for row in rows}
+
     def _read(self, sql: str, params: tuple) -> list[sqlite3.Row]:
         return self._conn().execute(sql, params).fetchall()
 

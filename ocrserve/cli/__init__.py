@@ -20,10 +20,11 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from ocrserve.cli import bench, debug, engine, launch, ocr, plan, profiles
+    from ocrserve.cli import batch, bench, debug, engine, launch, ocr, plan, profiles
 
     app.command(name="launch")(launch.launch)
     app.command(name="ocr")(ocr.ocr)
+    app.command(name="batch")(batch.batch)
     app.command(name="debug")(debug.debug)
     app.command(name="plan")(plan.plan)
     app.command(name="models")(plan.models)

@@ -1,0 +1,224 @@
+"""What a batch run leaves under ``--out``: results, their done records, the manifest.
+
+Layout::
+
+    <out>/<name>.<suffix>                          one result per document (.json, .txt, .md, .jsonl)
+    <out>/manifest.jsonl                           the last run: one JSON line per document
+    <out>/.ocrserve-batch/done/<h[:2]>/<h>.json    the done record of a result (h: sha256 of its name)
+
+A result is written to a temporary file beside it and renamed into place, then its done record
+the same way, so a run killed at any moment leaves each result whole or absent; a result without
+its record (killed between the two renames) is made again. A document is skipped when its done
+record holds the same resume key (:func:`resume_key`) and its result is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TextIO
+
+from ocrserve.config import PreprocessConfig
+from ocrserve.formats import render_markdown, render_text
+from ocrserve.store.cache import NORMALIZATION_KEYS
+
+#: The folder under ``--out`` holding the done records.
+STATE_DIR = ".ocrserve-batch"
+#: The manifest's file name under ``--out``.
+MANIFEST = "manifest.jsonl"
+#: Page problem statuses worth another run: the engine was down (503) or a deadline passed (504).
+TRANSIENT_STATUSES = frozenset({503, 504})
+
+
+def resume_key(sha256: str, indices: list[int], model: str, preprocess: PreprocessConfig) -> str:
+    """The resume key of a document: hex sha256 over its content hash, its selected pages (0-based),
+    the model id and the pixel budget; the same key as the gateway's dedup cache
+    (:class:`ocrserve.store.cache.DedupCache`), so a result is reused exactly where the gateway
+    would reuse it."""
+    canonical = json.dumps(
+        {
+            "sha256": sha256,
+            "pages": list(indices),
+            "model": model,
+            "normalization": preprocess.model_dump(include=set(NORMALIZATION_KEYS)),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class Entry:
+    """One document's line of the manifest.
+
+    Attributes:
+        document: the input file, as found.
+        output: its result's path relative to ``--out`` (whether or not one was written).
+        status: ``succeeded``, ``partial`` (some pages failed), ``failed`` (no result written:
+            the document, or every page, failed) or ``skipped`` (done by an earlier run).
+        pages: pages selected for OCR (0 when the document could not be inspected).
+        errors: each failure: ``{"page": 1-based or None for the whole document, "status",
+            "title", "detail"}``.
+        seconds: decoding plus engine seconds of its pages (work, not wall time: pages overlap).
+        engine: the model id that read it.
+        key: its resume key ("" when it could not be read).
+        ocr_pages: pages the engine ran for it in this run (0 when skipped or failed before OCR).
+        workers: the OCR workers (``host:pid``) that ran its pages in this run.
+    """
+
+    document: str
+    output: str
+    status: str
+    pages: int = 0
+    errors: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    engine: str = ""
+    key: str = ""
+    ocr_pages: int = 0
+    workers: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        """Whether a later run may skip it: a result was written and no page failed for a
+        transient reason (:data:`TRANSIENT_STATUSES`)."""
+        return self.status in ("succeeded", "partial") and not any(
+            e.get("status") in TRANSIENT_STATUSES for e in self.errors
+        )
+
+    def skipped(self, document: str) -> Entry:
+        """This done entry as a later run reports it for ``document``: ``skipped``, no time, no OCR."""
+        return replace(self, document=document, status="skipped", seconds=0.0, ocr_pages=0, workers=[])
+
+    def to_json(self) -> str:
+        """One compact JSON line (no newline)."""
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> Entry:
+        """The entry of a :meth:`to_json` line.
+
+        Raises:
+            ValueError: not JSON; TypeError: not an entry's fields.
+        """
+        return cls(**json.loads(line))
+
+
+def page_errors(pages: list[dict]) -> list[dict]:
+    """The manifest's errors of a document's page dicts (``PageResult.to_dict()``): one per failed page."""
+    return [{"page": p["index"] + 1, **_problem_fields(p["error"])} for p in pages if p.get("error")]
+
+
+def document_error(problem: dict) -> list[dict]:
+    """The manifest's errors of a document that failed as a whole with ``problem`` (RFC 9457 dict)."""
+    return [{"page": None, **_problem_fields(problem)}]
+
+
+def _problem_fields(problem: dict) -> dict:
+    return {k: problem.get(k) for k in ("status", "title", "detail")}
+
+
+def render(result: dict, fmt: str) -> str:
+    """A result dict (DESIGN.md's result JSON) as ``fmt``: ``json`` (indented, as ``ocrserve ocr``
+    writes it), ``text``, ``markdown`` (as ``POST /v1/ocr`` renders them) or ``jsonl`` (one page
+    entry a line).
+
+    Raises:
+        ValueError: an unknown ``fmt``.
+    """
+    if fmt == "json":
+        return json.dumps(result, ensure_ascii=False, indent=2)
+    if fmt == "text":
+        return render_text(result)
+    if fmt == "markdown":
+        return render_markdown(result)
+    if fmt == "jsonl":
+        return "".join(json.dumps(page, ensure_ascii=False) + "\n" for page in result["pages"])
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file beside it, flushed to disk and
+    renamed into place: a reader, or a later run, sees the old file or the new one, never part of one.
+
+    Raises:
+        OSError: the write failed (the temporary file is removed).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class OutputFolder:
+    """``--out``: results and their done records.
+
+    Args:
+        root: the folder (created if missing).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _record_path(self, output: str) -> Path:
+        digest = hashlib.sha256(output.encode()).hexdigest()
+        return self.root / STATE_DIR / "done" / digest[:2] / f"{digest}.json"
+
+    def done(self, output: str, key: str) -> Entry | None:
+        """The entry that wrote ``output`` (a path relative to the folder) for resume key ``key``,
+        or None: no record, another key (the file, its pages or the model changed), or the result
+        is gone."""
+        try:
+            entry = Entry.from_json(self._record_path(output).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError, TypeError):  # none, or a record this version cannot read
+            return None
+        return entry if entry.key == key and (self.root / output).is_file() else None
+
+    def write(self, entry: Entry, result: dict, fmt: str) -> None:
+        """Write a document's result (rendered as ``fmt``) at ``entry.output``, then, when the entry
+        is :attr:`~Entry.final`, its done record; both atomically.
+
+        Raises:
+            OSError: a write failed.
+        """
+        write_atomic(self.root / entry.output, render(result, fmt))
+        if entry.final:
+            write_atomic(self._record_path(entry.output), entry.to_json())
+        else:  # an earlier record would skip a result that still needs another try
+            self._record_path(entry.output).unlink(missing_ok=True)
+
+
+class Manifest:
+    """``--out/manifest.jsonl`` of this run: one line per document, added as each one ends
+    (written whole and flushed, so a killed run leaves the lines of the documents it finished).
+
+    Args:
+        path: the manifest file (replaced: it describes one run).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh: TextIO = path.open("w", encoding="utf-8")
+
+    def add(self, entry: Entry) -> None:
+        """Append ``entry``'s line."""
+        self._fh.write(entry.to_json() + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        with contextlib.suppress(OSError):
+            self._fh.close()

@@ -1,0 +1,156 @@
+"""``ocrserve batch``: OCR many documents on Ray Data, no gateway; resumable (see :mod:`ocrserve.batch`)."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ocrserve.batch.records import MANIFEST
+from ocrserve.cli.common import Overrides, documents_or_exit, err_console, load_or_exit
+from ocrserve.cli.ocr import SUFFIX
+from ocrserve.client import DOCUMENT_SUFFIXES
+from ocrserve.engines import create_engine
+
+if TYPE_CHECKING:
+    from ocrserve.batch.pipeline import Summary
+
+#: Result file suffix of each ``--format``: those of ``ocrserve ocr --out``, and JSON Lines.
+FORMATS = {**SUFFIX, "jsonl": ".jsonl"}
+#: Failed documents the closing summary names (the manifest has them all).
+SHOWN_FAILURES = 10
+
+
+def _expand(inputs: list[str]) -> list[Path]:
+    """Files and folders as given, globs (``scans/**/*.pdf``) expanded to the documents and folders
+    they match; exits with status 2 on a glob that matches nothing."""
+    paths: list[Path] = []
+    for item in inputs:
+        if Path(item).exists() or not any(c in item for c in "*?["):
+            paths.append(Path(item))
+            continue
+        matched = [Path(p) for p in sorted(glob.glob(item, recursive=True))]
+        matched = [p for p in matched if p.is_dir() or p.suffix.lower() in DOCUMENT_SUFFIXES]
+        if not matched:
+            err_console.print(f"[red]error:[/red] no document matches {escape(item)}", highlight=False)
+            raise typer.Exit(2)
+        paths += matched
+    return paths
+
+
+def batch(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="INPUT...", help="Files, folders (searched recursively) or quoted globs ('a/**/*.pdf')."
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            metavar="DIR", help="Results (same relative paths as `ocrserve ocr --out`), manifest.jsonl, done records."
+        ),
+    ],
+    profile: Annotated[
+        str, typer.Option(metavar="NAME|PATH", help="Profile: its engine, limits and pixel budget.")
+    ] = "local",
+    ray_address: Annotated[
+        str,
+        typer.Option(
+            "--ray",
+            metavar="auto|local|ADDRESS",
+            help="auto: RAY_ADDRESS, else a cluster started here (`ray start`), else a new local Ray; "
+            "local: a new local Ray; or a cluster's address (host:6379, ray://host:10001).",
+        ),
+    ] = "auto",
+    format: Annotated[
+        str, typer.Option("--format", "-f", metavar="FORMAT", help="json, text, markdown or jsonl (a page a line).")
+    ] = "json",
+    pages: Annotated[
+        str | None, typer.Option(metavar="RANGES", help="Page ranges of every document, e.g. 1-3,5.")
+    ] = None,
+    actors: Annotated[
+        int, typer.Option(min=0, help="OCR actors; 0: one per 2 CPUs of the cluster (one for vllm replicas).")
+    ] = 0,
+    retries: Annotated[
+        int, typer.Option(min=0, help="Restarts of a dead OCR actor, and retries of the tasks it or a worker lost.")
+    ] = 3,
+    set_: Overrides = None,
+) -> None:
+    """OCR many documents on Ray Data: no gateway; every document once; run it again to finish.
+
+    The pages of every document are decoded by CPU tasks (the gateway's preprocessor, limits and
+    pixel budget) and read by a pool of OCR actors (the profile's engine: the embedded ONNX engine,
+    or with engine.kind vllm the replicas of engine.vllm.base_urls). Each result is written
+    atomically, and manifest.jsonl gets one line per document (document, pages, status, errors,
+    seconds, engine). A document whose result exists for the same content, pages, pixel budget and
+    model is skipped, so a run killed at any moment is finished by running it again. A page that
+    fails is recorded in its document's result and the manifest; a document that fails (unreadable,
+    over a limit, every page failed) gets no result and is tried again by the next run.
+    Exit status: 0 every document done or skipped, 1 some failed, 2 bad arguments.
+
+    Examples:
+
+        ocrserve batch scans/ --out results/                      # a local Ray on this machine's cores
+
+        ocrserve batch 'archive/**/*.pdf' --out ocr/ --format markdown --pages 1-2
+
+        ocrserve batch scans/ --out results/ --ray ray://head.internal:10001 --actors 16
+
+        ocrserve batch scans/ --out results/ --profile replicas.yaml   # engine.kind vllm + engine.vllm.base_urls
+    """
+    if format not in FORMATS:
+        err_console.print(f"[red]error:[/red] --format must be one of {', '.join(FORMATS)}")
+        raise typer.Exit(2)
+    config = load_or_exit(profile, list(set_ or []))
+    try:
+        create_engine(config)  # a setting the engine cannot run with fails here, before Ray starts
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    docs = documents_or_exit(_expand(inputs))
+    try:
+        from ocrserve.batch.pipeline import Options, ray_cluster, run_batch
+    except ImportError as exc:
+        err_console.print(f"[red]error:[/red] ocrserve batch needs Ray: pip install 'ocrserve\\[ray]' ({exc})")
+        raise typer.Exit(2) from None
+    outputs = {doc: str(name.with_name(name.name + FORMATS[format])) for doc, name in docs.items()}
+    options = Options(fmt=format, pages=pages, actors=actors, retries=retries)
+    try:
+        with ray_cluster(ray_address):
+            summary = run_batch(outputs, out, config, options, console=err_console)
+    except (ConnectionError, OSError) as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    err_console.print(_summary_table(summary))
+    failed = [e for e in summary.entries if e.status == "failed"]
+    for entry in failed[:SHOWN_FAILURES]:
+        first = entry.errors[0] if entry.errors else {}
+        err_console.print(f"[red]failed[/red] {escape(entry.document)}: {escape(str(first.get('detail')))}")
+    err_console.print(f"manifest: {escape(str(out / MANIFEST))}", highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+def _summary_table(summary: Summary) -> Table:
+    """The closing summary: documents by outcome, pages, failures, time and pages/min."""
+    table = Table(title="ocrserve batch", show_header=False)
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    rows = [
+        ("documents", len(summary.entries)),
+        ("succeeded", summary.count("succeeded")),
+        ("partial (some pages failed)", summary.count("partial")),
+        ("skipped (done before)", summary.count("skipped")),
+        ("failed", summary.count("failed")),
+        ("pages OCR'd", summary.pages),
+        ("pages failed", summary.failed_pages),
+        ("seconds (OCR / all)", f"{summary.ocr_seconds:.1f} / {summary.seconds:.1f}"),
+        ("pages/min", f"{summary.pages_per_min:.1f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table

@@ -1,0 +1,162 @@
+"""``ocrserve batch`` on a real local Ray (2 CPUs) with the real ONNX engine: the gateway's text,
+resuming, a killed OCR actor, a corrupt file, the command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, resume_key
+from ocrserve.cli import app
+from ocrserve.client import collect_documents
+from ocrserve.config import load_config
+from ocrserve.store.cache import DedupCache
+from tests.conftest import DATA
+
+ray = pytest.importorskip("ray", reason="ocrserve batch needs Ray: pip install -e '.[ray]'")
+pipeline = pytest.importorskip("ocrserve.batch.pipeline", reason="ocrserve batch needs ray[data]")
+
+#: The documents of the first run: relative path under the input folder -> sample in tests/data.
+SAMPLES = {
+    "phototest.tif": "phototest.tif",
+    "testTIFF_multipage.tif": "testTIFF_multipage.tif",
+    "sub/multi-line_en_black.png": "multi-line_en_black.png",
+    "sub/img_exif_orientation.jpg": "img_exif_orientation.jpg",
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for the module, shut down after it."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+def _folder(root: Path, files: dict[str, str]) -> Path:
+    """``root`` holding a copy of each sample at its relative path."""
+    for relative, sample in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / sample, root / relative)
+    return root
+
+
+def _manifest(out: Path) -> list[Entry]:
+    return [Entry.from_json(line) for line in (out / MANIFEST).read_text(encoding="utf-8").splitlines()]
+
+
+def _documents(inputs: Path) -> dict[Path, str]:
+    """The documents under ``inputs``, each with its JSON result's path, as ``ocrserve batch`` names them."""
+    return {doc: str(name.with_name(name.name + ".json")) for doc, name in collect_documents([inputs]).items()}
+
+
+@pytest.fixture(scope="module")
+def first_run(local_ray, tmp_path_factory):
+    """One batch over a folder of samples (one in a subfolder): ``(inputs, out, summary)``."""
+    inputs = _folder(tmp_path_factory.mktemp("inputs"), SAMPLES)
+    out = tmp_path_factory.mktemp("out")
+    return inputs, out, pipeline.run_batch(_documents(inputs), out, load_config("local"))
+
+
+def test_each_document_has_the_gateways_text(first_run, http):
+    inputs, out, summary = first_run
+    entries = _manifest(out)
+    assert sorted(e.output for e in entries) == sorted(f"{r}.json" for r in SAMPLES)
+    assert all(e.status == "succeeded" and not e.errors for e in entries), entries
+    assert summary.pages == sum(e.pages for e in entries) == 5  # the TIFF has 2 pages
+    for relative in SAMPLES:
+        result = json.loads((out / f"{relative}.json").read_text(encoding="utf-8"))
+        with (inputs / relative).open("rb") as fh:
+            answer = http.post("/v1/ocr", files={"file": (Path(relative).name, fh)})
+        assert answer.status_code == 200
+        expected = answer.json()
+        assert result["text"] == expected["text"], relative
+        assert [p["lines"] for p in result["pages"]] == [p["lines"] for p in expected["pages"]], relative
+        assert (result["model"], result["lane"], result["usage"]["pages"]) == (
+            expected["model"],
+            "batch",
+            len(expected["pages"]),
+        )
+
+
+def test_a_second_run_does_no_ocr_and_skips_every_document(first_run):
+    inputs, out, _ = first_run
+    results = {r: (out / f"{r}.json").stat().st_mtime_ns for r in SAMPLES}
+    cli = CliRunner().invoke(app, ["batch", str(inputs), "--out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    entries = _manifest(out)
+    assert len(entries) == len(SAMPLES)
+    assert all(e.status == "skipped" and e.ocr_pages == 0 for e in entries), entries
+    assert {r: (out / f"{r}.json").stat().st_mtime_ns for r in SAMPLES} == results
+    assert "pages OCR'd" in cli.output and "skipped (done before)" in cli.output
+
+
+def test_a_killed_ocr_actor_is_replaced_and_every_document_done_once(local_ray, tmp_path):
+    copies = {f"copy-{i}.tif": "phototest.tif" for i in range(8)}
+    inputs = _folder(tmp_path / "in", copies)
+    (inputs / "corrupt.png").write_bytes((DATA / "multi-line_en_black.png").read_bytes()[:300])
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def kill_first_worker(entry: Entry) -> None:
+        if not killed and entry.workers:
+            killed.append(int(entry.workers[0].rpartition(":")[2]))
+            os.kill(killed[0], signal.SIGKILL)
+
+    docs = _documents(inputs)
+    summary = pipeline.run_batch(docs, out, load_config("local"), on_entry=kill_first_worker)
+
+    entries = _manifest(out)
+    assert sorted(e.document for e in entries) == sorted(str(d) for d in docs)  # each document once
+    by_name = {Path(e.document).name: e for e in entries}
+    corrupt = by_name.pop("corrupt.png")
+    assert corrupt.status == "failed" and corrupt.errors[0]["status"] == 415, corrupt
+    assert not (out / "corrupt.png.json").exists()
+    assert all(e.status == "succeeded" for e in by_name.values()), entries
+    assert killed and any(f":{killed[0]}" not in w for e in by_name.values() for w in e.workers)
+    texts = {json.loads((out / f"{name}.json").read_text())["text"] for name in copies}
+    assert len(texts) == 1 and "quick brown dog" in texts.pop()
+    assert summary.pages >= len(copies)
+    assert not [p for p in out.rglob("*.tmp")]
+
+
+def test_the_resume_key_is_the_gateways_dedup_key():
+    config = load_config("local")
+    cache = DedupCache(None, None, 1, config.engine.model, config.preprocess)
+    assert resume_key("ab" * 32, [0, 2], config.engine.model, config.preprocess) == cache.key("ab" * 32, [0, 2])
+    assert resume_key("ab" * 32, [0], config.engine.model, config.preprocess) != cache.key("ab" * 32, [0, 2])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "xml"], "--format must be one of json, text, markdown, jsonl"),
+        (["--set", "engine.kind=nope"], "engine.kind"),
+        (["--profile", "prod"], "engine.vllm.base_urls is empty"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(tmp_path, args, message):
+    cli = CliRunner().invoke(app, ["batch", str(DATA / "phototest.tif"), "--out", str(tmp_path), *args])
+    assert cli.exit_code == 2 and message in cli.output, cli.output
+
+
+def test_no_ray_cluster_at_the_address_exits_2_at_once(tmp_path):
+    # a process of its own: this one is joined to the module's Ray, which the command would use
+    args = [sys.executable, "-m", "ocrserve", "batch", str(DATA / "phototest.tif"), "--out", str(tmp_path)]
+    cli = subprocess.run([*args, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "no Ray cluster answers at 127.0.0.1:1" in cli.stderr, cli.stderr
+
+
+def test_a_glob_matching_nothing_exits_2(tmp_path):
+    cli = CliRunner().invoke(app, ["batch", str(tmp_path / "*.pdf"), "--out", str(tmp_path / "out")])
+    assert cli.exit_code == 2 and "no document matches" in cli.output, cli.output
+    assert not (tmp_path / "out" / STATE_DIR).exists()

@@ -343,6 +343,12 @@ class PreprocessConfig(Section):
         description="auto: the engine finds how far each page's text is turned (0/90/180/270) and reads "
         "it upright (the page reports its rotation); off: pages are read as they come",
     )
+
+    @field_validator("orientation", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``off`` (and ``on``) as a boolean: take it as the word it was."""
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
     workers: int = Field(0, ge=0, description="Decoding processes for interactive pages; 0 = one per core")
     background_workers: int = Field(
         0,

@@ -11,6 +11,7 @@ import io
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 import pytest
+import yaml
 from PIL import Image
 
 from ocrserve.config import PreprocessConfig
@@ -93,6 +94,7 @@ def test_orientation_off_is_carried_to_the_engine_on_each_page():
         image.save(data, format="PNG")
         (page,) = decode_pages(data.getvalue(), inspect_document(data.getvalue(), cfg), [0], cfg)
         assert page.orientation is expected
+    assert PreprocessConfig(**yaml.safe_load("orientation: off")).orientation == "off"  # YAML 1.1's off is False
 
 
 def born_digital_pdf(invisible: bool = False) -> bytes:

@@ -100,6 +100,14 @@ def test_a_second_run_does_no_ocr_and_skips_every_document(first_run):
     assert "pages OCR'd" in cli.output and "skipped (done before)" in cli.output
 
 
+def test_as_many_actors_as_cpus_is_refused_before_any_work(first_run, tmp_path):
+    inputs, _, _ = first_run  # the session's local Ray has 2 CPUs: 2 actors would starve the decoding
+    cli = CliRunner().invoke(app, ["batch", str(inputs), "--out", str(tmp_path / "out"), "--actors", "2"])
+    assert cli.exit_code == 2, cli.output
+    assert "--actors 2 would hold all 2 CPUs" in " ".join(cli.output.split())
+    assert not (tmp_path / "out" / "manifest.jsonl").exists() or not _manifest(tmp_path / "out")
+
+
 def test_a_killed_ocr_actor_is_replaced_and_every_document_done_once(local_ray, tmp_path):
     copies = {f"copy-{i}.tif": "phototest.tif" for i in range(8)}
     inputs = _folder(tmp_path / "in", copies)

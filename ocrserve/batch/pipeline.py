@@ -22,6 +22,7 @@ not done as failed, and a later run does them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import socket
@@ -160,11 +161,13 @@ def run_batch(
         The run's :class:`Summary`.
 
     Raises:
-        ValueError: an engine this configuration cannot build (the message names the key).
+        ValueError: an engine this configuration cannot build (the message names the key), or
+            more OCR actors than the cluster has CPUs to spare beside the decoding tasks.
         OSError: ``out`` or its manifest cannot be written.
     """
     started = time.perf_counter()
     engine = create_engine(config)  # not started: its model id and slots
+    options = dataclasses.replace(options, actors=_actors(options.actors, config))
     folder = OutputFolder(out)
     manifest = Manifest(folder.root / MANIFEST)
     summary = Summary()
@@ -250,9 +253,7 @@ def _ocr(
         for i in range(0, len(doc.indices), PAGES_PER_TASK)
     ]
     bar = progress.add_task("OCR", total=sum(len(doc.indices) for doc in todo))
-    actors = ray.data.ActorPoolStrategy(
-        size=options.actors or _default_actors(config), max_concurrent_calls_per_actor=calls
-    )
+    actors = ray.data.ActorPoolStrategy(size=options.actors, max_concurrent_calls_per_actor=calls)
     with _remote_args_allowed():
         pages = (
             ray.data.from_items(chunks, override_num_blocks=len(chunks))
@@ -297,6 +298,23 @@ def _calls_per_actor(slots: int) -> int:
     Ray Data runs the pages of one block concurrently (an async UDF), a block at most
     :data:`~ocrserve.preprocess.PAGES_PER_TASK` pages."""
     return max(2, math.ceil(2 * slots / PAGES_PER_TASK))
+
+
+def _actors(requested: int, config: Config) -> int:
+    """The OCR actors of the run: ``requested``, or :func:`_default_actors` for 0.
+
+    Raises:
+        ValueError: as many actors as the cluster has CPUs or more: each holds one, and the
+            decoding tasks that feed them need one too (the run would wait for ever).
+    """
+    actors = requested or _default_actors(config)
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    if actors >= cpus:
+        fix = f"use at most {cpus - 1}" if cpus > 1 else "the embedded engine needs a cluster of 2 CPUs or more"
+        raise ValueError(
+            f"--actors {actors} would hold all {cpus} CPUs of the Ray cluster, leaving none for decoding pages; {fix}"
+        )
+    return actors
 
 
 def _default_actors(config: Config) -> int:

@@ -123,7 +123,7 @@ def batch(
     try:
         with ray_cluster(ray_address):
             summary = run_batch(outputs, out, config, options, console=err_console)
-    except (ConnectionError, OSError) as exc:
+    except (ConnectionError, OSError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     err_console.print(_summary_table(summary))

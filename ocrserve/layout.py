@@ -53,6 +53,9 @@ PARAGRAPH_GAP = 1.8
 SECTION_GAP = 1.5
 #: Boxes whose vertical centres differ by less than this share of their line height share a row.
 ROW_TOLERANCE = 0.5
+#: Share of a box's width within its row neighbour's above which, holding its text too, it is a
+#: second reading of the same words.
+DUPLICATE_OVERLAP = 0.5
 #: A box this many times taller than wide is a vertical line (rapidocr's crop rule uses 1.5).
 TALL = 1.5
 
@@ -95,10 +98,18 @@ class Order:
     vertical: bool
 
 
-def reading_order(boxes: Sequence[Sequence[Sequence[float]]], width: float, height: float, rotation: int = 0) -> Order:
+def reading_order(
+    boxes: Sequence[Sequence[Sequence[float]]],
+    width: float,
+    height: float,
+    rotation: int = 0,
+    texts: Sequence[str] | None = None,
+) -> Order:
     """The reading order of ``boxes`` (each four ``[x, y]`` points, page pixels) on a page of
     ``width`` x ``height`` pixels whose text is turned ``rotation`` degrees clockwise (module
-    docstring).
+    docstring). With the boxes' ``texts``, a box read twice is left out: one that lies at least
+    :data:`DUPLICATE_OVERLAP` within its row neighbour's width and whose text the neighbour's holds
+    (a detector that boxed a word and the line around it).
 
     Raises:
         ValueError: a ``rotation`` other than 0, 90, 180 or 270.
@@ -118,7 +129,7 @@ def reading_order(boxes: Sequence[Sequence[Sequence[float]]], width: float, heig
     line = statistics.median(r.height for r in rects) or 1.0
     rows, blocks = [], []
     for block in _cut(rects, line):
-        block_rows = _rows(block, line)
+        block_rows = [_once(row, rects, texts) for row in _rows(block, line)] if texts else _rows(block, line)
         blocks.append(list(range(len(rows), len(rows) + len(block_rows))))
         rows += block_rows
     return Order(rows, blocks, round(skew, 2), vertical)
@@ -148,7 +159,7 @@ def arrange(lines: Sequence[Line], width: float, height: float, rotation: int = 
     Raises:
         ValueError: a ``rotation`` other than 0, 90, 180 or 270.
     """
-    order = reading_order([line.box for line in lines], width, height, rotation)
+    order = reading_order([line.box for line in lines], width, height, rotation, [line.text for line in lines])
     ordered: list[Line] = []
     blocks, texts = [], []
     for number, block in enumerate(order.blocks):
@@ -332,6 +343,23 @@ def _bands(rects: list[Rect], line: float, least: float) -> list[list[Rect]]:
         return [rects]
     widest = max(wide, key=lambda g: g[1] - g[0])
     return _split(rects, [(widest[0] + widest[1]) / 2], lambda r: r.cy)
+
+
+def _once(row: list[int], rects: list[Rect], texts: Sequence[str]) -> list[int]:
+    """A row's boxes (left to right) without those read twice (:func:`reading_order`)."""
+    kept: list[int] = []
+    for i in row:
+        previous = rects[kept[-1]] if kept else None
+        current = rects[i]
+        if previous is not None:
+            overlap = min(previous.x1, current.x1) - max(previous.x0, current.x0)
+            narrower, wider = sorted((kept[-1], i), key=lambda k: rects[k].x1 - rects[k].x0)
+            inside = overlap >= DUPLICATE_OVERLAP * (rects[narrower].x1 - rects[narrower].x0)
+            if inside and texts[narrower].strip() in texts[wider]:
+                kept[-1] = wider
+                continue
+        kept.append(i)
+    return kept
 
 
 def _rows(rects: list[Rect], line: float) -> list[list[int]]:

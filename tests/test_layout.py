@@ -109,3 +109,11 @@ def test_no_lines_and_a_bad_rotation():
 def test_chinese_boxes_of_one_row_join_without_spaces():
     boxes = {"我是": rect(100, 100, 300, 200), "中国人": rect(320, 100, 600, 200), "ok": rect(620, 100, 700, 200)}
     assert arrange(lines_of(boxes), W, H).text == "我是中国人 ok"
+
+
+def test_a_word_boxed_twice_is_read_once():
+    """rapidocr boxes black_font_color_transparent.png's line and, again, its last character."""
+    boxes = {"我是中国人": rect(294, 44, 1495, 463), "人": rect(1314, 96, 1661, 397), "next": rect(300, 500, 600, 560)}
+    arranged = arrange(lines_of(boxes), 2000, 600)
+    assert arranged.text == "我是中国人\nnext"
+    assert [line.text for line in arranged.lines] == ["我是中国人", "next"]

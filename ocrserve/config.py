@@ -349,6 +349,7 @@ class PreprocessConfig(Section):
     def _yaml_off(cls, value: object) -> object:
         """YAML 1.1 reads a bare ``off`` (and ``on``) as a boolean: take it as the word it was."""
         return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
     workers: int = Field(0, ge=0, description="Decoding processes for interactive pages; 0 = one per core")
     background_workers: int = Field(
         0,

@@ -104,7 +104,7 @@ def test_as_many_actors_as_cpus_is_refused_before_any_work(first_run, tmp_path):
     inputs, _, _ = first_run  # the session's local Ray has 2 CPUs: 2 actors would starve the decoding
     cli = CliRunner().invoke(app, ["batch", str(inputs), "--out", str(tmp_path / "out"), "--actors", "2"])
     assert cli.exit_code == 2, cli.output
-    assert "--actors 2 would hold all 2 CPUs" in " ".join(cli.output.split())
+    assert "--actors 2 leaves none of the Ray cluster's 2 CPUs" in " ".join(cli.output.split())
     assert not (tmp_path / "out" / "manifest.jsonl").exists() or not _manifest(tmp_path / "out")
 
 

@@ -166,3 +166,15 @@ def test_which_pdf_pages_go_to_the_engine(document, policy, source):
     cfg = PreprocessConfig(pdf_text=policy)
     (page,) = decode_pages(data, inspect_document(data, cfg), [0], cfg)
     assert (page.text_layer.source if page.text_layer else None) == source
+
+
+def test_a_born_digital_corpus_pdf_reads_clean_lines(corpus):
+    """olmOCR-Bench's own fact for this page (``multi_column_miss_00``), and no control characters
+    (PDFium marks a soft hyphen at a line's end with U+0002) or line breaks inside a line."""
+    data = (corpus / "olmocr" / "multi_column_miss.pdf").read_bytes()
+    cfg = PreprocessConfig()
+    (page,) = decode_pages(data, inspect_document(data, cfg), [0], cfg)
+    layer = page.text_layer
+    assert layer is not None and layer.source == "text_layer"
+    assert "Corporate social responsibility and the tobacco industry: hope or hype?" in " ".join(layer.text.split())
+    assert not [line.text for line in layer.lines if any(ch in line.text for ch in "\r\n\x02\ufffe")]

@@ -312,7 +312,8 @@ def _actors(requested: int, config: Config) -> int:
     if actors >= cpus:
         fix = f"use at most {cpus - 1}" if cpus > 1 else "the embedded engine needs a cluster of 2 CPUs or more"
         raise ValueError(
-            f"--actors {actors} would hold all {cpus} CPUs of the Ray cluster, leaving none for decoding pages; {fix}"
+            f"--actors {actors} leaves none of the Ray cluster's {cpus} CPUs for decoding pages (each actor "
+            f"holds one); {fix}"
         )
     return actors
 

@@ -467,7 +467,8 @@ def _print(report: dict) -> None:
             json.dumps(p["statuses"]),
         )
     console.print(table)
-    for k in report.get("knees", [report["knee"]]):
+    closed = [p for p in report["points"] if p["mode"] == "closed"]
+    for k in report.get("knees", [report["knee"]]) if len(closed) > 1 else []:  # one point has no knee
         console.print(
             f"knee: {report['swept']} = {_label(k)} ({k['pages_per_s']:.2f} pages/s, p95 {_s(k['p95_s'])} s; "
             f"the next step adds < {report['knee']['gain']:.0%})"
@@ -485,11 +486,14 @@ def _print(report: dict) -> None:
         console.print("profile keys: " + " ".join(f"--set {k}={v}" for k, v in report["overlay"].items()))
     q = report["quality"]
     drift = "n/a" if q["drift_cer"] is None else f"{q['drift_cer']:.4f}"
+    compared = (
+        f"CER {report['swept']} {q['candidate']:g} vs {q['baseline']:g}: {drift} over {q['documents']} documents "
+        f"(limit {q['max_cer_drift']:g}){' [red]FLAGGED[/red]' if q['flagged'] else ''}"
+        if q["candidate"] != q["baseline"]
+        else f"{report['swept']} {q['baseline']:g} is the smallest setting, nothing to compare it with"
+    )
     console.print(
-        f"quality: CER {report['swept']} {q['candidate']:g} vs {q['baseline']:g}: {drift} over {q['documents']} "
-        "documents "
-        f"(limit {q['max_cer_drift']:g}){' [red]FLAGGED[/red]' if q['flagged'] else ''}; vs ground truth "
-        f"{_s(q['baseline_cer_vs_truth'])} -> {_s(q['candidate_cer_vs_truth'])} ({q['scored_documents']} documents)"
+        f"quality: {compared}; vs ground truth {_s(q['candidate_cer_vs_truth'])} ({q['scored_documents']} documents)"
     )
     figures = report["cost"]
     console.print(

@@ -11,9 +11,10 @@ A page goes to the engine instead (``preprocess.pdf_text: auto``) when its text 
 * does not cover the page: an image covers at least :data:`SCAN_COVER` of the page (a scan with
   a stamp or a header of real text).
 
-Text comes from PDFium's text page: its rectangles (``FPDFText_CountRects``: runs of characters
-on one line) are merged into lines where they continue one another, put into the rendered page's
-pixels (``/Rotate`` honoured) and ordered by :mod:`ocrserve.layout` like any engine's lines.
+Text comes from PDFium's text page: its characters with their boxes (``FPDFText_GetCharBox``),
+in PDFium's order, make runs on one line each, merged into lines where they continue one
+another, put into the rendered page's pixels (``/Rotate`` honoured) and ordered by
+:mod:`ocrserve.layout` like any engine's lines.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ MIN_CHARS = 16
 MAX_UNMAPPED = 0.1
 #: Share of the page an image may cover before the page counts as a scan.
 SCAN_COVER = 0.5
-#: Rectangles on one line closer than this many line heights are one line.
+#: Characters or runs on one line closer than this many line heights are one line.
 JOIN_GAP = 1.0
+#: What PDFium gives for a soft hyphen at a line's end (U+0002 in its own text, U+FFFE through
+#: pypdfium2, U+00AD from some producers): the hyphen that was printed.
+SOFT_HYPHENS = {"\x02": "-", "\ufffe": "-", "\xad": "-"}
 #: Rectangles of one line further apart than this many heights are separate words (a word space
 #: is about a third of an em; a ligature's glyph sits closer).
 WORD_GAP = 0.3
@@ -89,13 +93,34 @@ def read_text_layer(page: pdfium.PdfPage, index: int, width: int, height: int, p
 
 
 def _runs(textpage: pdfium.PdfTextPage) -> list[_Run]:
-    runs = []
-    for i in range(textpage.count_rects()):
-        left, bottom, right, top = textpage.get_rect(i)
-        text = textpage.get_text_bounded(left, bottom, right, top)
-        if text.strip():
-            runs.append(_Run(text, left, bottom, right, top))
-    return runs
+    """The page's characters in PDFium's order as runs on one line each: a run ends at PDFium's
+    generated line break, where the next character drops to another line, or leaves a gap of
+    :data:`JOIN_GAP` heights. Soft hyphens at a line's end become ``-``; other control characters
+    are dropped."""
+    text = textpage.get_text_range(0, textpage.count_chars())
+    runs: list[_Run] = []
+    current: _Run | None = None
+    for index, char in enumerate(text):
+        if char in "\r\n":
+            current = None
+            continue
+        char = SOFT_HYPHENS.get(char, char)
+        if unicodedata.category(char) == "Cc":
+            continue
+        left, bottom, right, top = textpage.get_charbox(index)
+        if right <= left or top <= bottom:  # a generated space: no box of its own
+            if current is not None:
+                current.text += char
+            continue
+        glyph = _Run(char, left, bottom, right, top)
+        if current is not None and _continues(current, glyph):
+            current.text += char
+            current.left, current.right = min(current.left, left), max(current.right, right)
+            current.bottom, current.top = min(current.bottom, bottom), max(current.top, top)
+        else:
+            current = glyph
+            runs.append(current)
+    return [run for run in runs if run.text.strip()]
 
 
 def _usable(page: pdfium.PdfPage, text: str) -> bool:
@@ -143,9 +168,7 @@ def _continues(last: _Run, run: _Run) -> bool:
     height = max(last.top - last.bottom, run.top - run.bottom, 1e-6)
     overlap = min(last.top, run.top) - max(last.bottom, run.bottom)
     gap = run.left - last.right
-    return (
-        overlap >= 0.5 * min(last.top - last.bottom, run.top - run.bottom) and -0.5 * height <= gap < JOIN_GAP * height
-    )
+    return overlap >= 0.5 * min(last.top - last.bottom, run.top - run.bottom) and -height <= gap < JOIN_GAP * height
 
 
 def _line(run: _Run, page: pdfium.PdfPage, width: int) -> Line:

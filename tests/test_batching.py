@@ -47,7 +47,7 @@ async def crops():
     """Real text-line crops of tesseract's phototest page, from the engine's detector."""
     engine = OnnxEngine(EngineConfig())
     await engine.start()
-    detection = engine._detect(load_page("phototest.tif").image, 0)
+    detection = engine._detect(load_page("phototest.tif").image, 0, True)
     yield engine, detection.crops
     await engine.close()
 

@@ -116,7 +116,9 @@ def reading_order(
     """
     if not len(boxes):
         return Order([], [], 0.0, False)
-    points = upright(np.asarray(boxes, dtype=np.float64).reshape(-1, 4, 2), width, height, rotation)
+    points = np.asarray(boxes, dtype=np.float64).reshape(-1, 4, 2)
+    points = np.clip(np.nan_to_num(points), 0, [width, height])  # a model's box may lie off the page
+    points = upright(points, width, height, rotation)
     vertical = _vertical(points)
     if vertical:
         points = np.stack([points[..., 1], -points[..., 0]], axis=-1)  # columns right to left -> rows

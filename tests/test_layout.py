@@ -117,3 +117,9 @@ def test_a_word_boxed_twice_is_read_once():
     arranged = arrange(lines_of(boxes), 2000, 600)
     assert arranged.text == "我是中国人\nnext"
     assert [line.text for line in arranged.lines] == ["我是中国人", "next"]
+
+
+def test_boxes_off_the_page_are_held_to_it():
+    """A VLM may write any numbers in its boxes: ordering costs the page's size, not the box's."""
+    boxes = {"far": rect(0, 0, 1e12, 30), "here": rect(10, 100, 200, 130)}
+    assert texts(boxes) == ["far", "here"]

@@ -275,7 +275,11 @@ def test_preview_shows_a_tiff_page_at_its_shape(http):
         source.seek(1)
         width, height = source.size
     assert preview.format == "JPEG" and abs(preview.width / preview.height - width / height) < 0.01
-    assert_problem(http.post("/v1/preview", params={"page": 3}, files={"file": ("t.tif", tiff)}), 400, "2 page")
+    assert_problem(
+        http.post("/v1/preview", params={"page": 3}, files={"file": ("t.tif", tiff)}),
+        400,
+        "page=3: the document has 2 page",
+    )
     assert_problem(http.post("/v1/preview", files={"file": ("x.png", b"nope")}), 415, "")
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from ocrserve.api.auth import require_api_key
 from ocrserve.api.routes import _problem_docs
 from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, document_file, form_limits
+from ocrserve.errors import BadRequest
 from ocrserve.jobs.runtime import Jobs
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import DRAIN_WINDOW_S, Router
@@ -182,6 +183,8 @@ async def preview(
     try:
         async with staged(document) as (source, _):
             info = await state.preprocessor.inspect(source, priority)
+            if page > info.page_count:
+                raise BadRequest(f"page={page}: the document has {info.page_count} page(s)")
             indices = info.select(str(page), cfg.preprocess)
             chunks = state.preprocessor.pages(source, info, indices, priority)
             async with contextlib.aclosing(chunks):

@@ -126,6 +126,14 @@ def batch(
     except (ConnectionError, OSError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        done = _recorded(out / MANIFEST)
+        err_console.print(
+            f"interrupted: {done} of {len(outputs)} documents recorded in {escape(str(out / MANIFEST))}; "
+            "run the same command again to finish the rest",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     err_console.print(_summary_table(summary))
     failed = [e for e in summary.entries if e.status == "failed"]
     for entry in failed[:SHOWN_FAILURES]:
@@ -133,6 +141,14 @@ def batch(
         err_console.print(f"[red]failed[/red] {escape(entry.document)}: {escape(str(first.get('detail')))}")
     err_console.print(f"manifest: {escape(str(out / MANIFEST))}", highlight=False)
     raise typer.Exit(1 if failed else 0)
+
+
+def _recorded(manifest: Path) -> int:
+    """Documents the interrupted run's manifest holds (one JSON line each)."""
+    try:
+        return sum(1 for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip())
+    except OSError:
+        return 0
 
 
 def _summary_table(summary: Summary) -> Table:

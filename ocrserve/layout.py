@@ -217,8 +217,8 @@ def upright(points: np.ndarray, width: float, height: float, rotation: int) -> n
     return np.stack(turned[rotation], axis=-1)
 
 
-def _sides(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each quadrilateral's first two edges' lengths: ``(p0 p1, p1 p2)``."""
+def edge_lengths(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each ``(n, 4, 2)`` quadrilateral's first two edges' lengths: ``(p0 p1, p1 p2)``."""
     return (
         np.linalg.norm(points[:, 1] - points[:, 0], axis=-1),
         np.linalg.norm(points[:, 2] - points[:, 1], axis=-1),
@@ -235,7 +235,7 @@ def _vertical(points: np.ndarray) -> bool:
 
 def _skew(points: np.ndarray) -> float:
     """The median angle of long boxes' long edges in degrees, 0 when none or above :data:`MAX_SKEW_DEG`."""
-    across, down = _sides(points)
+    across, down = edge_lengths(points)
     edge = np.where((across >= down)[:, None], points[:, 1] - points[:, 0], points[:, 2] - points[:, 1])
     long = np.maximum(across, down) >= 3 * np.minimum(across, down)
     if not long.any():
@@ -257,7 +257,13 @@ def _rotate(points: np.ndarray, degrees: float) -> np.ndarray:
 
 def _cut(rects: list[Rect], line: float) -> list[list[Rect]]:
     """The blocks of a region in reading order (module docstring, step 2)."""
-    for parts in (_bands(rects, line, SECTION_GAP), _columns(rects, line), _bands(rects, line, BAND_GAP)):
+    cuts = (
+        lambda: _bands(rects, line, SECTION_GAP),
+        lambda: _columns(rects, line),
+        lambda: _bands(rects, line, BAND_GAP),
+    )
+    for cut in cuts:  # each tried only where the one before did not split the region
+        parts = cut()
         if len(parts) > 1:
             return [block for part in parts for block in _cut(part, line)]
     return [rects]

@@ -31,7 +31,7 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
 from ocrserve.engines.stages import PriorityGate, RecBatcher, background_pool
-from ocrserve.layout import arrange
+from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
 
@@ -191,7 +191,7 @@ class OnnxEngine(Engine):
         dark reads as upside down to it). An upright vote is taken as it is."""
         if rotation == 0:
             return 0
-        lengths = np.maximum(_side(boxes, 0), _side(boxes, 1))
+        lengths = _lengths(boxes)
         ways = [i for i, tall in enumerate(_tall(boxes)) if bool(tall) == (rotation in (90, 270))]
         sample = sorted(ways, key=lambda i: -lengths[i])[:ROTATION_SAMPLE]
         straight = [crops[i] for i in sample]
@@ -260,15 +260,16 @@ class OnnxEngine(Engine):
         return detection, time.perf_counter() - started, recognized
 
 
-def _side(boxes: np.ndarray, first: int) -> np.ndarray:
-    """Per ``(n, 4, 2)`` box, the length of its edge from point ``first`` to the next."""
-    return np.linalg.norm(boxes[:, first + 1] - boxes[:, first], axis=-1)
-
-
 def _tall(boxes: np.ndarray) -> np.ndarray:
     """Per ``(n, 4, 2)`` detection box, whether rapidocr turns its crop a quarter turn
     counter-clockwise (``get_rotate_crop_image``: at least 1.5 times taller than wide)."""
-    return _side(boxes, 1) >= 1.5 * _side(boxes, 0)
+    across, down = edge_lengths(boxes)
+    return down >= 1.5 * across
+
+
+def _lengths(boxes: np.ndarray) -> np.ndarray:
+    """Per ``(n, 4, 2)`` detection box, the length of its line: its longer edge."""
+    return np.maximum(*edge_lengths(boxes))
 
 
 def page_rotation(boxes: np.ndarray, labels: list[tuple[str, float]]) -> int:
@@ -283,7 +284,7 @@ def page_rotation(boxes: np.ndarray, labels: list[tuple[str, float]]) -> int:
         boxes: ``(n, 4, 2)`` detection quadrilaterals.
         labels: per box, the classifier's ``(label, score)``: label ``"0"`` or ``"180"``.
     """
-    lengths = np.maximum(_side(boxes, 0), _side(boxes, 1))
+    lengths = _lengths(boxes)
     votes = dict.fromkeys((0, 90, 180, 270), 0.0)
     for length, tall, (label, score) in zip(lengths, _tall(boxes), labels, strict=True):
         votes[(90 if tall else 0) + (180 if "180" in label else 0)] += length * score

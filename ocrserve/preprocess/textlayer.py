@@ -76,7 +76,7 @@ def read_text_layer(page: pdfium.PdfPage, index: int, width: int, height: int, p
         return None
     if not text.strip():
         return None
-    lines = [_line(run, page, width) for run in _merged(runs)]
+    lines = _lines(_merged(runs), page, width)
     rotation = page.get_rotation()
     arranged = arrange(lines, width, height, rotation)
     return PageResult(
@@ -171,8 +171,8 @@ def _continues(last: _Run, run: _Run) -> bool:
     return overlap >= 0.5 * min(last.top - last.bottom, run.top - run.bottom) and -height <= gap < JOIN_GAP * height
 
 
-def _line(run: _Run, page: pdfium.PdfPage, width: int) -> Line:
-    """``run`` as a line with its box in the rendered page's pixels, ``width`` wide: PDF points
+def _lines(runs: list[_Run], page: pdfium.PdfPage, width: int) -> list[Line]:
+    """``runs`` as lines with their boxes in the rendered page's pixels, ``width`` wide: PDF points
     turned as ``/Rotate`` turns the page (clockwise) when it is displayed, then scaled."""
     page_w, page_h = page.get_size()
     rotation = page.get_rotation()
@@ -183,10 +183,16 @@ def _line(run: _Run, page: pdfium.PdfPage, width: int) -> Line:
         turned = {0: (u, v), 90: (page_h - v, u), 180: (page_w - u, page_h - v), 270: (v, page_w - u)}[rotation]
         return [round(turned[0] * scale, 1), round(turned[1] * scale, 1)]
 
-    corners = [
-        pixel(run.left, run.top),
-        pixel(run.right, run.top),
-        pixel(run.right, run.bottom),
-        pixel(run.left, run.bottom),
+    return [
+        Line(
+            run.text.strip(),
+            [
+                pixel(run.left, run.top),
+                pixel(run.right, run.top),
+                pixel(run.right, run.bottom),
+                pixel(run.left, run.bottom),
+            ],
+            1.0,
+        )
+        for run in runs
     ]
-    return Line(run.text.strip(), corners, 1.0)

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from ocrserve.config import PreprocessConfig
 from ocrserve.formats import render_markdown, render_text
-from ocrserve.store.cache import NORMALIZATION_KEYS
+from ocrserve.store.cache import dedup_key, normalization
 
 #: The folder under ``--out`` holding the done records.
 STATE_DIR = ".ocrserve-batch"
@@ -36,21 +36,10 @@ TRANSIENT_STATUSES = frozenset({503, 504})
 
 
 def resume_key(sha256: str, indices: list[int], model: str, preprocess: PreprocessConfig) -> str:
-    """The resume key of a document: hex sha256 over its content hash, its selected pages (0-based),
-    the model id and the pixel budget; the same key as the gateway's dedup cache
-    (:class:`ocrserve.store.cache.DedupCache`), so a result is reused exactly where the gateway
-    would reuse it."""
-    canonical = json.dumps(
-        {
-            "sha256": sha256,
-            "pages": list(indices),
-            "model": model,
-            "normalization": preprocess.model_dump(include=set(NORMALIZATION_KEYS)),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """The resume key of a document: the gateway's dedup-cache key (:func:`ocrserve.store.cache.dedup_key`)
+    over its content hash, its selected pages (0-based), the model id and the pixel budget, so a
+    result is reused exactly where the gateway would reuse it."""
+    return dedup_key(sha256, indices, model, normalization(preprocess))
 
 
 @dataclass

@@ -27,6 +27,23 @@ NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi
 log = logging.getLogger(__name__)
 
 
+def normalization(preprocess: PreprocessConfig) -> dict:
+    """The :data:`NORMALIZATION_KEYS` of ``preprocess``: the settings a cache key holds."""
+    return preprocess.model_dump(include=set(NORMALIZATION_KEYS))
+
+
+def dedup_key(sha256: str, indices: list[int], model: str, settings: dict) -> str:
+    """The hex sha256 over a document's content hash, its selected pages (0-based), the model id
+    and the normalization ``settings`` (:func:`normalization`): the cache's key, and
+    ``ocrserve batch``'s resume key."""
+    canonical = json.dumps(
+        {"sha256": sha256, "pages": list(indices), "model": model, "normalization": settings},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class DedupCache:
     """Document results by content, parameters and model.
 
@@ -43,7 +60,7 @@ class DedupCache:
         self.data = data
         self.max_entries = max_entries
         self.model = model
-        self._normalization = preprocess.model_dump(include=set(NORMALIZATION_KEYS))
+        self._normalization = normalization(preprocess)
 
     @property
     def enabled(self) -> bool:
@@ -54,12 +71,7 @@ class DedupCache:
         """The cache key of a document's pages ``indices`` ("" with the cache off)."""
         if not self.enabled:
             return ""
-        canonical = json.dumps(
-            {"sha256": sha256, "pages": list(indices), "model": self.model, "normalization": self._normalization},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return dedup_key(sha256, indices, self.model, self._normalization)
 
     async def get(self, key: str) -> list[dict] | None:
         """The cached page results of ``key``, or None (counted as a hit or a miss)."""

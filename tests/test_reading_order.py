@@ -17,6 +17,7 @@ from PIL import Image
 from ocrserve.config import PreprocessConfig
 from ocrserve.evaluation import cer
 from ocrserve.preprocess import decode_pages, inspect_document
+from ocrserve.store.cache import dedup_key, normalization
 from tests.conftest import DATA, ground_truth
 
 #: Lines of phototest's ground truth that must come out in this order.
@@ -148,6 +149,15 @@ def test_a_born_digital_pdf_is_answered_from_its_text_layer_in_reading_order(htt
     assert [len(block["lines"]) for block in page["blocks"]] == [1, 6, 6]
     width, height = page["width"], page["height"]
     assert all(0 <= x <= width and 0 <= y <= height for line in page["lines"] for x, y in line["box"])
+
+
+def test_the_reading_settings_are_part_of_the_dedup_key():
+    """A result read with another orientation or text-layer setting is not the same result."""
+    keys = {
+        dedup_key("ab" * 32, [0], "m", normalization(PreprocessConfig(**settings)))
+        for settings in ({}, {"orientation": "off"}, {"pdf_text": "never"}, {"pdf_text": "always"})
+    }
+    assert len(keys) == 4
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,9 @@ from ocrserve.config import PreprocessConfig
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 
-#: Preprocessing settings that change the pixels a model sees, hence the result.
-NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi")
+#: Preprocessing settings that change the result: the pixels a model sees, whether a page's
+#: orientation is read, whether a PDF page's own text layer answers it.
+NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi", "orientation", "pdf_text")
 
 log = logging.getLogger(__name__)
 

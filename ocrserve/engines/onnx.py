@@ -23,7 +23,8 @@ import onnxruntime as ort
 from PIL import Image, ImageDraw
 from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_cls import TextClassifier
-from rapidocr.ch_ppocr_det import TextDetector
+from rapidocr.ch_ppocr_det import TextDetector, TextDetOutput
+from rapidocr.ch_ppocr_det.utils import DetPreProcess
 from rapidocr.ch_ppocr_rec import TextRecInput, TextRecognizer
 from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_original
 
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 
 #: Lines recognized both ways up to confirm a page's turned orientation (:meth:`OnnxEngine._confirmed`).
 ROTATION_SAMPLE = 4
+#: Median line height, pixels of the detector's input, above which a page is detected again
+#: smaller (:func:`_detect_large_text`). Measured: ``rapidocr/black_font_color_transparent.png``
+#: (one line of 190 px characters on 1890x503) reaches the detector 2752x736 (rapidocr's
+#: ``limit_side_len`` 736, ``limit_type: min``), its lines about 500 px tall, and comes back as
+#: three overlapping boxes without its last character; the corpus's other lines stay below 200 px.
+LARGE_TEXT_PX = 256
+#: The second detection of a page of large text: the longer side brought down to 960 px (PaddleOCR's
+#: default ``det_limit_side_len: 960, det_limit_type: max``, ``tools/infer/utility.py``); the
+#: page above then reads as one line of 97 px characters.
+LARGE_TEXT_LIMIT = (960, "max")
 
 
 @dataclass
@@ -166,7 +177,7 @@ class OnnxEngine(Engine):
         bgr = np.ascontiguousarray(image_rgb[:, :, ::-1])
         img, op_record = ocr.preprocess_img(bgr)
         det_img, op_record = _vertical_padding(ocr, img, op_record)
-        det = stages.det(det_img)
+        det = _detect_large_text(stages.det, det_img, stages.det(det_img))
         if det.boxes is None or len(det.boxes) == 0:
             return Detection(np.zeros((0, 4, 2), np.float32), [], time.perf_counter() - started)
         crops = ocr.crop_text_regions(det_img, det.boxes)
@@ -258,6 +269,27 @@ class OnnxEngine(Engine):
         started = time.perf_counter()
         recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
+
+
+def _detect_large_text(detector: TextDetector, image: np.ndarray, first: TextDetOutput) -> TextDetOutput:
+    """``first`` (the detector's ``TextDetOutput`` for ``image``), or the detection of ``image``
+    brought down to :data:`LARGE_TEXT_LIMIT` where ``first``'s median line is over
+    :data:`LARGE_TEXT_PX` tall at the detector's input and the smaller one finds text: the DB
+    detector splits characters far taller than those it was trained on. Boxes are in ``image``'s
+    pixels either way."""
+    if first.boxes is None or len(first.boxes) == 0:
+        return first
+    h, w = image.shape[:2]
+    limit, kind = detector.limit_side_len, detector.limit_type
+    scale = limit / min(h, w) if kind == "min" and min(h, w) < limit else 1.0
+    scale = limit / max(h, w) if kind == "max" and max(h, w) > limit else scale
+    if float(np.median(np.minimum(*edge_lengths(np.asarray(first.boxes))))) * scale <= LARGE_TEXT_PX:
+        return first
+    preprocess = DetPreProcess(*LARGE_TEXT_LIMIT, detector.mean, detector.std)
+    boxes, scores = detector.postprocess_op(detector.session(preprocess(image)), (h, w))
+    if len(boxes) == 0:
+        return first
+    return TextDetOutput(image, detector.sorted_boxes(boxes), scores)
 
 
 def _tall(boxes: np.ndarray) -> np.ndarray:

@@ -101,6 +101,15 @@ def test_alpha_and_exif_samples(http, name):
     assert len(found) >= 4, body["text"]
 
 
+def test_characters_far_taller_than_the_detectors_training_text_read_whole(http):
+    # 190 px characters reach the detector about 500 px tall, where it split them into three
+    # overlapping boxes and lost the last; the engine detects such a page again smaller
+    name = "black_font_color_transparent.png"
+    body = post_file(http, (DATA / name).read_bytes(), name).json()
+    assert body["text"] == ground_truth(name).strip()
+    assert len(body["pages"][0]["lines"]) == 1
+
+
 @pytest.mark.parametrize(
     "case, data, status, detail",
     [

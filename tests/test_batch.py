@@ -168,3 +168,12 @@ def test_a_glob_matching_nothing_exits_2(tmp_path):
     cli = CliRunner().invoke(app, ["batch", str(tmp_path / "*.pdf"), "--out", str(tmp_path / "out")])
     assert cli.exit_code == 2 and "no document matches" in cli.output, cli.output
     assert not (tmp_path / "out" / STATE_DIR).exists()
+
+
+def test_ocr_actors_run_bulk_pages_on_every_core_and_keep_four_times_their_slots_in_flight():
+    config = load_config("local")
+    worker = pipeline._worker_config(config)
+    assert worker.engine.onnx.background_threads == 0
+    assert config.engine.onnx.background_threads == 1  # the gateway's profile is left as it is
+    assert worker.engine.model == config.engine.model and worker.preprocess == config.preprocess
+    assert pipeline._calls_per_actor(2) == 8

@@ -67,6 +67,15 @@ def first_run(local_ray, tmp_path_factory):
     return inputs, out, pipeline.run_batch(_documents(inputs), out, load_config("local"))
 
 
+def _without_scores(result: dict) -> list[list[dict]]:
+    """Each page's lines (text, box, block) without their recognition scores."""
+    return [[{k: v for k, v in line.items() if k != "score"} for line in page["lines"]] for page in result["pages"]]
+
+
+def _scores(result: dict) -> list[float]:
+    return [line["score"] for page in result["pages"] for line in page["lines"]]
+
+
 def test_each_document_has_the_gateways_text(first_run, http):
     inputs, out, summary = first_run
     entries = _manifest(out)
@@ -80,7 +89,10 @@ def test_each_document_has_the_gateways_text(first_run, http):
         assert answer.status_code == 200
         expected = answer.json()
         assert result["text"] == expected["text"], relative
-        assert [p["lines"] for p in result["pages"]] == [p["lines"] for p in expected["pages"]], relative
+        assert _without_scores(result) == _without_scores(expected), relative
+        # a line's score depends on the crops it is recognized beside (a batch pads them to its
+        # widest), and the two readers batch different pages together
+        assert _scores(result) == pytest.approx(_scores(expected), abs=0.02), relative
         assert (result["model"], result["lane"], result["usage"]["pages"]) == (
             expected["model"],
             "batch",

@@ -108,18 +108,22 @@ def test_a_deadline_that_cannot_be_met_is_refused_at_once_and_skips_engine(gw, h
 
 
 def test_client_disconnect_drops_queued_pages(gw, http):
+    """A client that hangs up while its first page runs and others wait: the waiting pages are
+    dropped from the queue (and the ones still being decoded never reach it), so fewer than its
+    six pages reach the engine and nothing of it stays reserved in the lane."""
     engine_bulk = metric(http, "ocrserve_engine_pages_total", lane="bulk")
     cancelled = metric(http, "ocrserve_rejections_total", lane="bulk", reason="cancelled")
 
-    def running() -> bool:
-        return metric(http, "ocrserve_engine_pages_total", lane="bulk") > engine_bulk
+    def running_and_waiting() -> bool:
+        running = metric(http, "ocrserve_engine_pages_total", lane="bulk") > engine_bulk
+        return running and metric(http, "ocrserve_queued_cost", lane="bulk") > 0
 
-    post_then_hang_up(gw.url + "/v1/ocr", {"file": ("d", six_page_tiff())}, running)  # the client gives up
+    post_then_hang_up(gw.url + "/v1/ocr", {"file": ("d", six_page_tiff())}, running_and_waiting)
     wait_metric(http, "ocrserve_rejections_total", cancelled + 1, lane="bulk", reason="cancelled")
     deadline = time.monotonic() + 60
-    while metric(http, "ocrserve_engine_slots_in_use") > 0:  # let the page that was running finish
-        assert time.monotonic() < deadline
+    while metric(http, "ocrserve_engine_slots_in_use") > 0 or metric(http, "ocrserve_queued_pages", lane="bulk") > 0:
+        assert time.monotonic() < deadline, "the request's pages stayed in the engine or reserved in the lane"
         time.sleep(0.1)
     ran = metric(http, "ocrserve_engine_pages_total", lane="bulk") - engine_bulk
     dropped = metric(http, "ocrserve_rejections_total", lane="bulk", reason="cancelled") - cancelled
-    assert ran + dropped == 6 and dropped >= 1
+    assert dropped >= 1 and ran + dropped <= 6 and ran < 6

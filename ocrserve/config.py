@@ -382,6 +382,12 @@ class LaneConfig(Section):
     timeout_s: float = Field(0.0, ge=0, description="Default deadline of a request, seconds; 0 = none")
     weight: int = Field(1, ge=1, description="Deficit-round-robin quantum, in cost units (pages or visual tokens)")
     priority: int = Field(0, description="Sent to vLLM's per-request priority (lower runs first)")
+    aging_s: float = Field(
+        0.0,
+        ge=0,
+        description="A page queued this long goes next in its lane whatever its priority, so pages of more "
+        "urgent priority arriving all the time cannot starve it (aging), seconds; 0 = strict priority",
+    )
 
 
 class FastLaneConfig(LaneConfig):
@@ -391,6 +397,7 @@ class FastLaneConfig(LaneConfig):
     timeout_s: float = 60.0
     weight: int = 4
     priority: int = 0
+    aging_s: float = 10.0  # documents above urgent_pages run after single pages, but within timeout_s
     max_pages: int = Field(4, ge=1, description="Synchronous requests with at most this many pages are fast")
     max_pixels: int = Field(16_000_000, ge=1, description="...and at most this many normalized pixels in all")
     burst_slots: int = Field(

@@ -9,7 +9,9 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
 - :class:`LanesPolicy` (``router.mode: lanes``): one queue per lane, ordered within the lane by
   ``(priority, seq)``: lower priority value first, as in vLLM's ``PriorityRequestQueue``; then by
   the router's ``seq``, which puts a page in its request's place (fair between clients, in order
-  within one: :mod:`ocrserve.router`), and
+  within one: :mod:`ocrserve.router`), except that a page queued for the lane's ``aging_s`` goes
+  next whatever its priority (*aging*, the classic cure for starvation under strict priorities:
+  Silberschatz, Galvin and Gagne, "Operating System Concepts", section 5.3.3), and
   *weighted deficit round robin* between the lanes (Shreedhar and Varghese, "Efficient fair
   queueing using deficit round robin", SIGCOMM 1995), with cost in pages or visual tokens: when
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
@@ -24,6 +26,7 @@ from __future__ import annotations
 import abc
 import heapq
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -35,6 +38,7 @@ class Queued(Protocol):
     cost: int
     priority: int
     seq: tuple[float, int, int, int]
+    enqueued: float  # time.monotonic() when it was queued
 
     @property
     def lane(self) -> Lane: ...
@@ -45,6 +49,7 @@ class Lane(Protocol):
 
     name: str
     weight: int
+    aging_s: float
 
 
 #: Whether a lane's next page may go to the engine now.
@@ -102,21 +107,40 @@ class FifoPolicy(QueuePolicy):
 
 
 class PriorityQueue:
-    """Pages of one lane, lowest ``(priority, seq)`` first (vLLM's ``PriorityRequestQueue`` order)."""
+    """Pages of one lane, lowest ``(priority, seq)`` first (vLLM's ``PriorityRequestQueue`` order),
+    but the page queued longest first once it has waited ``aging_s`` seconds (0: never).
 
-    def __init__(self) -> None:
+    Args:
+        aging_s: seconds after which the longest-queued page goes next.
+        clock: the clock of the tickets' ``enqueued`` (``time.monotonic``).
+    """
+
+    def __init__(self, aging_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._heap: list[tuple[int, tuple[float, int, int, int], Queued]] = []
+        self._arrivals: dict[int, Queued] = {}  # id -> ticket, in the order they were queued
+        self.aging_s = aging_s
+        self._clock = clock
 
     def push(self, ticket: Queued) -> None:
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
+        self._arrivals[id(ticket)] = ticket
 
     def peek(self) -> Queued:
         """The next page (the queue must not be empty)."""
+        oldest = next(iter(self._arrivals.values()))
+        if self.aging_s and self._clock() - oldest.enqueued >= self.aging_s:
+            return oldest
         return self._heap[0][2]
 
     def pop(self) -> Queued:
-        """Remove and return the next page."""
-        return heapq.heappop(self._heap)[2]
+        """Remove and return the next page (:meth:`peek`)."""
+        ticket = self.peek()
+        if ticket is self._heap[0][2]:
+            heapq.heappop(self._heap)
+            del self._arrivals[id(ticket)]
+        else:
+            self.remove(ticket)
+        return ticket
 
     def remove(self, ticket: Queued) -> bool:
         """Take ``ticket`` out (O(n): queues hold at most a lane's ``queue_pages``)."""
@@ -126,6 +150,7 @@ class PriorityQueue:
         except ValueError:
             return False
         heapq.heapify(self._heap)
+        del self._arrivals[id(ticket)]
         return True
 
     def __len__(self) -> int:
@@ -141,7 +166,7 @@ class LanesPolicy(QueuePolicy):
 
     def __init__(self, lanes: Iterable[Lane]):
         self._lanes = list(lanes)
-        self._queues = {lane.name: PriorityQueue() for lane in self._lanes}
+        self._queues = {lane.name: PriorityQueue(lane.aging_s) for lane in self._lanes}
         self._deficit = {lane.name: 0.0 for lane in self._lanes}
 
     def push(self, ticket: Queued) -> None:

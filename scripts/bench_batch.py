@@ -26,7 +26,8 @@ import fnmatch
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -42,12 +43,14 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff"}
 
 @dataclass
 class Side:
-    """Pages done, pages failed and wall time of one side."""
+    """Pages done, pages failed and wall time of one side; for the gateway, the HTTP statuses of
+    the requests that failed (0: no answer) and how many of each."""
 
     name: str
     pages: int
     failures: int
     seconds: float
+    statuses: Counter = field(default_factory=Counter)
 
     @property
     def pages_per_min(self) -> float:
@@ -67,18 +70,21 @@ async def bench_gateway(images: dict[Path, Path], rounds: int, concurrency: int)
         async with http_client(gateway.url, concurrency) as client:
             documents = await count_pages(client, load_documents(images))
             queue = iter([d for _ in range(rounds) for d in documents])
-            pages, failures = 0, 0
+            pages, failures, statuses = 0, 0, Counter()
 
             async def worker() -> None:
                 nonlocal pages, failures
                 for document in queue:  # one shared iterator: each request taken by one worker
                     outcome = await send(client, document)
                     pages += outcome.pages
-                    failures += document.pages if outcome.status != 200 else 0
+                    if outcome.status != 200:
+                        failures += document.pages
+                        statuses[outcome.status] += 1
 
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return Side(f"gateway, concurrency {concurrency}", pages, failures, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            return Side(f"gateway, concurrency {concurrency}", pages, failures, seconds, statuses)
 
 
 def bench_batch(images: dict[Path, Path], rounds: int) -> tuple[Side, float]:
@@ -147,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     with console.status("ocrserve batch"):
         batch, wall = bench_batch(images, args.rounds)
     console.print(report([gateway, batch]))
+    if gateway.statuses:
+        failed = ", ".join(f"{count} x {status or 'no answer'}" for status, count in sorted(gateway.statuses.items()))
+        console.print(f"gateway requests that failed: {failed}")
     console.print(f"ocrserve batch, whole run with Ray's start: {wall:.1f} s ({60 * batch.pages / wall:.1f} pages/min)")
     ratio = batch.pages_per_min / gateway.pages_per_min if gateway.pages_per_min else 0.0
     passed = ratio >= args.target and gateway.failures == batch.failures == 0

@@ -95,3 +95,20 @@ async def test_bulk_pages_run_on_lower_priority_threads(engine):
     assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
     base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10, 19)
     assert seen == {("det", 5, low), ("rec", 5, low), ("det", 0, base), ("rec", 0, base)}
+
+
+async def test_one_set_of_sessions_where_both_would_be_alike():
+    """With ``background_threads`` equal to ``intra_op_num_threads`` (batch's actors: 0, every core)
+    bulk and interactive pages run on the same sessions, built once, and read the same; with the
+    default one thread per bulk stage they have sessions of their own."""
+    alike = await started(background_threads=0)
+    default = await started()
+    try:
+        page = load_page("phototest.tif")
+        bulk, interactive = await alike.ocr_page(page, priority=5), await alike.ocr_page(page, priority=0)
+        assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
+        assert alike._stages(5).det.session.session is alike._stages(0).det.session.session
+        assert default._stages(5).det.session.session is not default._stages(0).det.session.session
+    finally:
+        await alike.close()
+        await default.close()

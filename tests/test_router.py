@@ -216,10 +216,12 @@ async def test_fair_share_counts_visual_tokens_and_the_queue_reports_its_cost(ma
 
 
 async def test_fast_documents_run_one_priority_step_after_single_pages(engine):
-    """Shortest first: a fast request above ``router.fast.urgent_pages`` pages (default 1) runs at
-    the fast lane's priority + 1, in the lane and in the engine; bulk and explicit priorities are
-    kept."""
+    """Shortest first: a fast request above ``router.fast.urgent_pages`` pages (default 1) waits at
+    the fast lane's priority + 1 in the lane, and runs at the lane's priority in the engine; bulk
+    and explicit priorities are kept."""
     router = Router(engine, RouterConfig())
+    fast, bulk = router.lanes[FAST], router.lanes[BULK]
+    assert router.engine_priority(fast, Priority(1)) == 0 and router.engine_priority(bulk, Priority(12)) == 12
     assert router.with_lane_defaults(FAST, WorkItem(), 1).priority == 0
     assert router.with_lane_defaults(FAST, WorkItem(), 4).priority == 1
     assert router.with_lane_defaults(BULK, WorkItem(), 4).priority == 10
@@ -232,6 +234,24 @@ async def test_fast_documents_run_one_priority_step_after_single_pages(engine):
     )
     assert router.inspect_priority(WorkItem()) == 0  # no lane named yet: inspected as urgent
     assert router.inspect_priority(WorkItem(lane=BULK)) == 10
+
+
+@pytest.mark.parametrize(("aging_s", "order"), [(0.0, ["s0", "s1", "s2", "doc"]), (0.05, ["doc", "s0", "s1", "s2"])])
+async def test_aging_lets_a_fast_document_go_before_single_pages_queued_after_it(make_router, aging_s, order):
+    """A fast document's page (priority 1) queued behind a running page goes after the single pages
+    (priority 0) queued after it, under strict priority (which a steady stream of single pages
+    turns into starvation); with ``fast.aging_s`` shorter than the running page's time it has waited
+    long enough when the slot frees, and goes first."""
+    router = make_router(fast={"burst_slots": 0, "aging_s": aging_s})
+    done: list[str] = []
+    blocker = asyncio.create_task(run_tagged(router, FAST, "blocker", text_page(), done))
+    await wait_until(lambda: router.in_flight == 1)  # phototest: at least 0.2 s in the engine
+    document = WorkItem(priority=Priority(router.cfg.fast.priority + 1))
+    tasks = [asyncio.create_task(run_tagged(router, FAST, "doc", blank(), done, document))]
+    await wait_until(lambda: len(router.policy) == 1)
+    tasks += [asyncio.create_task(run_tagged(router, FAST, f"s{i}", blank(i), done)) for i in range(3)]
+    await asyncio.gather(blocker, *tasks)
+    assert done == ["blocker", *order]
 
 
 async def test_documents_filling_the_fast_lane_do_not_shut_a_single_page_out(make_router):

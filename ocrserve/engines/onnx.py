@@ -133,7 +133,8 @@ class OnnxEngine(Engine):
     async def start(self) -> None:
         """Load both sets of ONNX sessions (detection, orientation, recognition) and run one synthetic
         page through each (straight, not through the batcher, which would hold it for
-        ``max_wait_ms``)."""
+        ``max_wait_ms``). Where ``background_threads`` equals ``intra_op_num_threads`` (as in
+        ``ocrserve batch``'s actors) the two sets would be alike: one is built, and serves both."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
         self._batcher = RecBatcher(
@@ -149,15 +150,21 @@ class OnnxEngine(Engine):
 
     def _load_and_warm(self) -> None:
         ocr = RapidOCR(params=rapidocr_params(self.cfg))
-        self._urgent = Stages(ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model())
-        self._background = Stages(TextDetector(ocr.cfg.Det), TextClassifier(ocr.cfg.Cls), TextRecognizer(ocr.cfg.Rec))
-        sets = [(self._urgent, self.cfg.intra_op_num_threads), (self._background, self.cfg.background_threads)]
-        for stages, threads in sets:
-            for stage in (stages.det, stages.cls, stages.rec):
-                _stop_spinning(stage.session, threads)
         self._ocr = ocr
-        for priority in (0, 1):
-            self._recognize(self._detect(_warm_up_image(), priority, True).crops, priority)
+        self._urgent = Stages(ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model())
+        self._open(self._urgent, self.cfg.intra_op_num_threads, priority=0)
+        if self.cfg.background_threads == self.cfg.intra_op_num_threads:  # the same sessions would be built again
+            self._background = self._urgent
+            return
+        self._background = Stages(TextDetector(ocr.cfg.Det), TextClassifier(ocr.cfg.Cls), TextRecognizer(ocr.cfg.Rec))
+        self._open(self._background, self.cfg.background_threads, priority=1)
+
+    def _open(self, stages: Stages, threads: int, priority: int) -> None:
+        """Reopen ``stages``' sessions with ``threads`` threads each and without spinning, then run
+        the warm-up page through them as a page of ``priority`` runs."""
+        for stage in (stages.det, stages.cls, stages.rec):
+            _stop_spinning(stage.session, threads)
+        self._recognize(self._detect(_warm_up_image(), priority, True).crops, priority)
 
     async def close(self) -> None:
         self.ready = False
@@ -367,9 +374,15 @@ def _vertical_padding(ocr: RapidOCR, img: np.ndarray, op_record: dict):
 
 
 def _warm_up_image() -> np.ndarray:
-    """A small synthetic RGB page with two lines of text, for warm-up at start."""
-    image = Image.new("RGB", (320, 96), "white")
+    """A small synthetic RGB page with two lines of text, for warm-up at start.
+
+    The detector's input has its shorter side at 736 px at least (``Det.limit_type`` ``min``), so
+    this 128 x 96 page is detected at 981 x 736, as a 640 x 480 scan is. A wider one costs more
+    and warms no better: 320 x 96 was detected at 2453 x 736 and took 1.2 s on the sessions of
+    every core and 1.9 s on the one-thread ones (2 cores), against 0.4 and 0.7 s; the first
+    real page after either (``tests/data/phototest.tif``) detected in 0.42-0.49 s."""
+    image = Image.new("RGB", (128, 96), "white")
     draw = ImageDraw.Draw(image)
-    draw.text((10, 20), "ocrserve warm-up 0123", fill="black", font_size=20)
-    draw.text((10, 56), "The quick brown fox", fill="black", font_size=20)
+    draw.text((6, 10), "warm-up 0123", fill="black", font_size=14)
+    draw.text((6, 40), "quick fox", fill="black", font_size=14)
     return np.asarray(image)

@@ -10,8 +10,8 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
   ``(priority, seq)``: lower priority value first, as in vLLM's ``PriorityRequestQueue``; then by
   the router's ``seq``, which puts a page in its request's place (fair between clients, in order
   within one: :mod:`ocrserve.router`), except that a page queued for the lane's ``aging_s`` goes
-  next whatever its priority (*aging*, the classic cure for starvation under strict priorities:
-  Silberschatz, Galvin and Gagne, "Operating System Concepts", section 5.3.3), and
+  next whatever its priority (*aging*, the textbook cure for starvation under strict priorities:
+  Silberschatz, Galvin and Gagne, "Operating System Concepts", priority scheduling), and
   *weighted deficit round robin* between the lanes (Shreedhar and Varghese, "Efficient fair
   queueing using deficit round robin", SIGCOMM 1995), with cost in pages or visual tokens: when
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
@@ -111,15 +111,14 @@ class PriorityQueue:
     but the page queued longest first once it has waited ``aging_s`` seconds (0: never).
 
     Args:
-        aging_s: seconds after which the longest-queued page goes next.
-        clock: the clock of the tickets' ``enqueued`` (``time.monotonic``).
+        aging_s: seconds (on the tickets' ``enqueued`` clock, ``time.monotonic``) after which the
+            longest-queued page goes next.
     """
 
-    def __init__(self, aging_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, aging_s: float = 0.0) -> None:
         self._heap: list[tuple[int, tuple[float, int, int, int], Queued]] = []
         self._arrivals: dict[int, Queued] = {}  # id -> ticket, in the order they were queued
         self.aging_s = aging_s
-        self._clock = clock
 
     def push(self, ticket: Queued) -> None:
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
@@ -128,7 +127,7 @@ class PriorityQueue:
     def peek(self) -> Queued:
         """The next page (the queue must not be empty)."""
         oldest = next(iter(self._arrivals.values()))
-        if self.aging_s and self._clock() - oldest.enqueued >= self.aging_s:
+        if self.aging_s and time.monotonic() - oldest.enqueued >= self.aging_s:
             return oldest
         return self._heap[0][2]
 

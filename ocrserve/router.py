@@ -65,7 +65,7 @@ class Ticket:
     Attributes:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
         priority: its order in the lane and in the engine (lower runs sooner); in the engine a fast
-            page runs at the fast lane's priority (:meth:`engine_priority`).
+            page runs at the fast lane's priority (:meth:`Router.engine_priority`).
         deadline: when it must be done, or None.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
             order between equal priorities (:meth:`Lane.tag`; the last breaks ties between tries

@@ -38,6 +38,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -390,14 +391,22 @@ class LaneConfig(Section):
     )
 
 
+def _lane_default(name: str, default: object) -> FieldInfo:
+    """:class:`LaneConfig`'s field ``name`` (its limits and description) with another default: a
+    subclass that declared ``name: int = 32`` would drop the limits (pydantic rebuilds the field
+    from the new declaration), and ``router.fast.queue_pages=0`` would pass."""
+    return FieldInfo.merge_field_infos(LaneConfig.model_fields[name], default=default)
+
+
 class FastLaneConfig(LaneConfig):
     """The fast lane: small synchronous requests."""
 
-    queue_pages: int = 32
-    timeout_s: float = 60.0
-    weight: int = 4
-    priority: int = 0
-    aging_s: float = 10.0  # documents above urgent_pages run after single pages, but within timeout_s
+    queue_pages: int = _lane_default("queue_pages", 32)
+    timeout_s: float = _lane_default("timeout_s", 60.0)
+    weight: int = _lane_default("weight", 4)
+    priority: int = _lane_default("priority", 0)
+    # documents above urgent_pages run after single pages, but well within timeout_s
+    aging_s: float = _lane_default("aging_s", 10.0)
     max_pages: int = Field(4, ge=1, description="Synchronous requests with at most this many pages are fast")
     max_pixels: int = Field(16_000_000, ge=1, description="...and at most this many normalized pixels in all")
     burst_slots: int = Field(
@@ -406,18 +415,18 @@ class FastLaneConfig(LaneConfig):
     urgent_pages: int = Field(
         1,
         ge=1,
-        description="Fast requests of at most this many pages run at the lane's priority; larger ones one step "
-        "after them, in the lane and in the engine (shortest first), so a single page overtakes documents",
+        description="Fast requests of at most this many pages run at the lane's priority; larger ones wait one "
+        "step after them in the lane (shortest first, until aging_s), so a single page overtakes documents",
     )
 
 
 class BulkLaneConfig(LaneConfig):
     """The bulk lane: large synchronous requests and every job."""
 
-    queue_pages: int = 2000
-    timeout_s: float = 300.0  # a synchronous wait; larger work belongs in a job
-    weight: int = 1
-    priority: int = 10
+    queue_pages: int = _lane_default("queue_pages", 2000)
+    timeout_s: float = _lane_default("timeout_s", 300.0)  # a synchronous wait; larger work belongs in a job
+    weight: int = _lane_default("weight", 1)
+    priority: int = _lane_default("priority", 10)
 
 
 class RouterConfig(Section):

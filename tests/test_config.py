@@ -47,6 +47,10 @@ def test_set_beats_environment_beats_file():
             "engine.onnx.max_batch_size: Input should be greater than or equal to 1",
         ),
         (["engine.kind=tpu"], {}, "engine.kind"),
+        # each lane's own defaults keep the limits LaneConfig gives the field
+        (["router.fast.aging_s=-1"], {}, "router.fast.aging_s: Input should be greater than or equal to 0"),
+        (["router.fast.queue_pages=0"], {}, "router.fast.queue_pages: Input should be greater than or equal to 1"),
+        (["router.bulk.weight=0"], {}, "router.bulk.weight: Input should be greater than or equal to 1"),
         (["server.port"], {}, "--set expects key=value"),
     ],
 )

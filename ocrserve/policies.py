@@ -124,16 +124,15 @@ class PriorityQueue:
         heapq.heappush(self._heap, (ticket.priority, ticket.seq, ticket))
         self._arrivals[id(ticket)] = ticket
 
-    def peek(self) -> Queued:
-        """The next page (the queue must not be empty)."""
+    def peek(self, now: float) -> Queued:
+        """The next page at ``now`` (``time.monotonic()``; the queue must not be empty)."""
         oldest = next(iter(self._arrivals.values()))
-        if self.aging_s and time.monotonic() - oldest.enqueued >= self.aging_s:
+        if self.aging_s and now - oldest.enqueued >= self.aging_s:
             return oldest
         return self._heap[0][2]
 
-    def pop(self) -> Queued:
-        """Remove and return the next page (:meth:`peek`)."""
-        ticket = self.peek()
+    def take(self, ticket: Queued) -> Queued:
+        """Remove and return ``ticket``, the page :meth:`peek` gave."""
         if ticket is self._heap[0][2]:
             heapq.heappop(self._heap)
             del self._arrivals[id(ticket)]
@@ -175,24 +174,22 @@ class LanesPolicy(QueuePolicy):
         for lane in self._lanes:
             if not self._queues[lane.name]:
                 self._deficit[lane.name] = 0.0  # DRR: an idle lane keeps no credit
-        candidates = [
-            lane for lane in self._lanes if self._queues[lane.name] and may_run(self._queues[lane.name].peek())
-        ]
+        # one instant for the whole choice: the page may_run approved is the page taken
+        now = time.monotonic()
+        heads = {name: queue.peek(now) for name, queue in self._queues.items() if queue}
+        candidates = [lane for lane in self._lanes if lane.name in heads and may_run(heads[lane.name])]
         if not candidates:
             return None
         # Deficit round robin, advanced straight to the first round in which some lane can pay.
         rounds = min(
-            max(0, math.ceil((self._head_cost(lane) - self._deficit[lane.name]) / lane.weight)) for lane in candidates
+            max(0, math.ceil((heads[lane.name].cost - self._deficit[lane.name]) / lane.weight)) for lane in candidates
         )
         for lane in candidates:
             self._deficit[lane.name] += rounds * lane.weight
-        lane = next(lane for lane in candidates if self._deficit[lane.name] >= self._head_cost(lane))
-        ticket = self._queues[lane.name].pop()
+        lane = next(lane for lane in candidates if self._deficit[lane.name] >= heads[lane.name].cost)
+        ticket = self._queues[lane.name].take(heads[lane.name])
         self._deficit[lane.name] -= ticket.cost
         return ticket
-
-    def _head_cost(self, lane: Lane) -> int:
-        return self._queues[lane.name].peek().cost
 
     def remove(self, ticket: Queued) -> bool:
         return self._queues[ticket.lane.name].remove(ticket)

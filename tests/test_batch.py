@@ -19,6 +19,7 @@ from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, resume_key
 from ocrserve.cli import app
 from ocrserve.client import collect_documents
 from ocrserve.config import load_config
+from ocrserve.engines import create_engine
 from ocrserve.store.cache import DedupCache
 from tests.conftest import DATA
 
@@ -182,10 +183,13 @@ def test_a_glob_matching_nothing_exits_2(tmp_path):
     assert not (tmp_path / "out" / STATE_DIR).exists()
 
 
-def test_ocr_actors_run_bulk_pages_on_every_core_and_keep_four_times_their_slots_in_flight():
+def test_ocr_actors_detect_two_pages_on_single_threaded_sessions_and_keep_four_times_their_slots_in_flight():
     config = load_config("local")
     worker = pipeline._worker_config(config)
-    assert worker.engine.onnx.background_threads == 0
-    assert config.engine.onnx.background_threads == 1  # the gateway's profile is left as it is
+    onnx = worker.engine.onnx
+    assert (onnx.det_workers, onnx.intra_op_num_threads, onnx.background_threads) == (2, 1, 1)
+    assert create_engine(worker).slots == 4
+    gateway = config.engine.onnx  # the gateway's profile is left as it is
+    assert (gateway.det_workers, gateway.intra_op_num_threads, gateway.background_threads) == (1, 0, 1)
     assert worker.engine.model == config.engine.model and worker.preprocess == config.preprocess
-    assert pipeline._calls_per_actor(2) == 8
+    assert pipeline._calls_per_actor(4) == 16

@@ -43,6 +43,8 @@ from ocrserve.engines import create_engine
 from ocrserve.preprocess import PAGES_PER_TASK
 
 log = logging.getLogger(__name__)
+#: CPUs per OCR actor of the embedded engine (the default pool has one per this many CPUs).
+CPUS_PER_ACTOR = 2
 #: The port of a Ray head's GCS when an address names none (``ray start --head`` default).
 DEFAULT_RAY_PORT = 6379
 
@@ -165,7 +167,8 @@ def run_batch(
         OSError: ``out`` or its manifest cannot be written.
     """
     started = time.perf_counter()
-    engine = create_engine(config)  # not started: its model id and slots
+    worker_config = _worker_config(config)
+    engine = create_engine(worker_config)  # not started: its model id and slots
     options = dataclasses.replace(options, actors=_actors(options.actors, config))
     folder = OutputFolder(out)
     manifest = Manifest(folder.root / MANIFEST)
@@ -181,7 +184,8 @@ def run_batch(
             todo = _inspect(documents, folder, config, engine.model, options, progress, record)
             if todo:
                 ocr_started = time.perf_counter()
-                _ocr(todo, folder, config, engine.model, options, _calls_per_actor(engine.slots), progress, record)
+                calls = _calls_per_actor(engine.slots)
+                _ocr(todo, folder, worker_config, engine.model, options, calls, progress, record)
                 summary.ocr_seconds = time.perf_counter() - ocr_started
     finally:
         manifest.close()
@@ -259,7 +263,7 @@ def _ocr(
             .flat_map(decode_row, fn_kwargs={"config": config}, max_retries=options.retries)
             .map_batches(
                 OcrWorker,
-                fn_constructor_kwargs={"config": _worker_config(config), "priority": config.router.bulk.priority},
+                fn_constructor_kwargs={"config": config, "priority": config.router.bulk.priority},
                 batch_size=1,
                 compute=actors,
                 num_cpus=1,
@@ -294,20 +298,28 @@ def _write(folder: OutputFolder, entry: Entry, result: dict, fmt: str, record: C
 def _calls_per_actor(slots: int) -> int:
     """Pages an OCR actor works on at once: four times its engine's ``slots`` (the gateway keeps
     twice them in its engine). Each page's result goes back through Ray Data before the actor is
-    sent the next one, so fewer leave the engine waiting between pages. Measured with the local
-    profile (2 slots) over the 72 corpus pages on 2 cores, runs one after the other: 2 pages at
-    once 53.6 pages/min, 4 58.5, 8 65.8, 16 66.3."""
+    sent the next one, so fewer leave the engine waiting between pages. Measured with one
+    detection worker on two-thread sessions (2 slots) over the 72 corpus pages on 2 cores, runs
+    one after the other: 2 pages at once 53.6 pages/min, 4 58.5, 8 65.8, 16 66.3; with
+    :func:`_worker_config`'s engine (4 slots) over the 36 corpus images, alternating runs on a
+    machine running half as fast: 16 at once 26.8 and 28.1 pages/min, 8 27.7 and 27.8."""
     return 4 * slots
 
 
 def _worker_config(config: Config) -> Config:
-    """The profile an OCR actor builds its engine from: ``config`` with the embedded engine's bulk
-    sessions on every core (``engine.onnx.background_threads`` 0). One thread per bulk stage
-    leaves a gateway's cores to its interactive pages; an actor has none, and its large pages then
-    detect on one core while the other waits. Measured over the 72 corpus pages on 2 cores, 8
-    pages per actor, alternating runs: 59.4 and 58.0 pages/min against 54.9 and 51.8 with one
-    thread."""
-    onnx = config.engine.onnx.model_copy(update={"background_threads": 0})
+    """The profile an OCR actor builds its engine from: ``config`` with the embedded engine sized
+    to the :data:`CPUS_PER_ACTOR` cores an actor is given: that many detection workers
+    (``engine.onnx.det_workers``) and one onnxruntime thread per stage session
+    (``intra_op_num_threads`` and ``background_threads`` 1, so one set of sessions is built).
+    Single-threaded runs cost less CPU per page than two threads each, and two pages in detection
+    beside the recognition batcher keep both cores busy; the CPU left over goes to the decoding
+    tasks and Ray itself, which share the cores with the actor. Measured over the 36 corpus images
+    on 2 cores, engine alone, 8 pages in flight, runs alternating: 31.7 pages/min at 3.39 CPU
+    seconds a page against 31.8 at 3.58 with one detection worker on two-thread sessions; the
+    whole batch (8 pages in flight) 27.3 and 27.6 pages/min against 26.4 and 26.1."""
+    onnx = config.engine.onnx.model_copy(
+        update={"det_workers": CPUS_PER_ACTOR, "intra_op_num_threads": 1, "background_threads": 1}
+    )
     return config.model_copy(update={"engine": config.engine.model_copy(update={"onnx": onnx})})
 
 
@@ -330,11 +342,11 @@ def _actors(requested: int, config: Config) -> int:
 
 
 def _default_actors(config: Config) -> int:
-    """OCR actors when ``--actors`` is not given: one for an engine of replicas, else one per 2
-    CPUs of the cluster (the embedded engine pipelines detection and recognition on 2 cores)."""
+    """OCR actors when ``--actors`` is not given: one for an engine of replicas, else one per
+    :data:`CPUS_PER_ACTOR` CPUs of the cluster (see :func:`_worker_config`)."""
     if config.engine.kind == "vllm":
         return 1
-    return max(1, int(ray.cluster_resources().get("CPU", 1)) // 2)
+    return max(1, int(ray.cluster_resources().get("CPU", 1)) // CPUS_PER_ACTOR)
 
 
 @contextlib.contextmanager

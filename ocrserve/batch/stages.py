@@ -107,7 +107,7 @@ class OcrWorker:
         config: the profile; ``create_engine(config)`` builds the engine (the embedded ONNX engine,
             or the ``vllm`` engine's client of ``engine.vllm.base_urls``).
         priority: the pages' priority in the engine (the bulk lane's: the embedded engine runs them
-            on its bulk sessions, which the run gives every core).
+            on its bulk sessions, sized by the run's ``pipeline._worker_config``).
 
     The engine starts on the first batch, on the event loop Ray Data runs this class's batches
     on, so that several batches of one actor share it (their pages batched together inside it).

@@ -92,8 +92,9 @@ def test_each_document_has_the_gateways_text(first_run, http):
         assert result["text"] == expected["text"], relative
         assert _without_scores(result) == _without_scores(expected), relative
         # a line's score depends on the crops it is recognized beside (a batch pads them to its
-        # widest), and the two readers batch different pages together
-        assert _scores(result) == pytest.approx(_scores(expected), abs=0.02), relative
+        # widest), and the two readers batch different pages together, as timing falls (seen:
+        # 0.9997 against 0.9772 for one line of phototest.tif, same text and box)
+        assert _scores(result) == pytest.approx(_scores(expected), abs=0.05), relative
         assert (result["model"], result["lane"], result["usage"]["pages"]) == (
             expected["model"],
             "batch",

@@ -45,12 +45,19 @@ def ground_truth(name: str) -> str:
     return (DATA / name).with_suffix(".gt.txt").read_text(encoding="utf-8")
 
 
+#: What every test gateway runs with: one decoding process (CI has 2 cores), and no calibration at
+#: start (its two synthetic pages took 4 of a gateway's 9 s to /readyz on 2 cores, times some 30
+#: gateways a run); admission then starts from ``router.initial_page_s`` and learns from the test's
+#: pages. A test of calibration sets ``router.calibrate=true``, which comes later and wins.
+TEST_OVERRIDES = ("preprocess.workers=1", "router.calibrate=false")
+
+
 class Gateway(LocalGateway):
-    """The gateway under test: one decoding process (CI has 2 cores); logs shown with OCRSERVE_TEST_LOGS=1."""
+    """The gateway under test (:data:`TEST_OVERRIDES`); logs shown with OCRSERVE_TEST_LOGS=1."""
 
     def __init__(self, *overrides: str, profile: str = "local", env: dict | None = None):
         log = None if os.environ.get("OCRSERVE_TEST_LOGS") else subprocess.DEVNULL
-        super().__init__("preprocess.workers=1", *overrides, profile=profile, env=env, log=log)
+        super().__init__(*TEST_OVERRIDES, *overrides, profile=profile, env=env, log=log)
 
 
 @pytest.fixture(scope="session")

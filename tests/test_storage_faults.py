@@ -25,7 +25,7 @@ import pytest
 
 from ocrserve.bench.harness import LocalGateway, free_port
 from ocrserve.errors import PROBLEM_BASE
-from tests.conftest import wait_for
+from tests.conftest import TEST_OVERRIDES, wait_for
 from tests.jobs_util import numbered_tiff, page_number, read_events, wait_job
 
 PAGES = 12
@@ -67,7 +67,7 @@ def gateway(data_dir: Path, log: Path, *overrides: str) -> LocalGateway:
     condition then ends once a quarter of the volume is free (it never ended, a fresh user found)."""
     with log.open("ab") as out:
         started = LocalGateway(
-            "preprocess.workers=1",
+            *TEST_OVERRIDES,
             f"store.data_dir={data_dir}",
             "store.probe_interval_s=0.5",
             "jobs.poll_interval_s=0.1",

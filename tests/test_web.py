@@ -229,7 +229,7 @@ def test_docs_work_offline(page, gateway):
 def keyed_gateway(tmp_path_factory):
     """A gateway that wants an API key, its jobs apart from the session gateway's."""
     data = tmp_path_factory.mktemp("web-keyed")
-    gw = Gateway(f"server.api_keys=[{API_KEY}]", f"store.data_dir={data}", "router.calibrate=false").wait_ready()
+    gw = Gateway(f"server.api_keys=[{API_KEY}]", f"store.data_dir={data}").wait_ready()
     yield gw
     gw.stop()
 

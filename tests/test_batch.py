@@ -164,11 +164,19 @@ def test_the_resume_key_is_the_gateways_dedup_key():
         (["--format", "xml"], "--format must be one of json, text, markdown, jsonl"),
         (["--set", "engine.kind=nope"], "engine.kind"),
         (["--profile", "prod"], "engine.vllm.base_urls is empty"),
+        (["--pages", "abc"], "--pages: pages='abc': expected ranges like 1-3,5"),
+        (["--pages", "3-1"], "range '3-1' is empty or below 1"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(tmp_path, args, message):
     cli = CliRunner().invoke(app, ["batch", str(DATA / "phototest.tif"), "--out", str(tmp_path), *args])
     assert cli.exit_code == 2 and message in cli.output, cli.output
+
+
+def test_an_out_that_is_a_file_exits_2_naming_it(tmp_path):
+    (tmp_path / "o").write_text("not a folder")
+    cli = CliRunner().invoke(app, ["batch", str(DATA / "phototest.tif"), "--out", str(tmp_path / "o")])
+    assert cli.exit_code == 2 and "is a file; name a folder" in " ".join(cli.output.split()), cli.output
 
 
 def test_no_ray_cluster_at_the_address_exits_2_at_once(tmp_path):

@@ -54,7 +54,8 @@ class Entry:
         pages: pages selected for OCR (0 when the document could not be inspected).
         errors: each failure: ``{"page": 1-based or None for the whole document, "status",
             "title", "detail"}``.
-        seconds: decoding plus engine seconds of its pages (work, not wall time: pages overlap).
+        seconds: its pages' ``preprocess_s`` plus ``engine_s`` (the engine's stage timings, waits
+            inside the OCR actor's engine included); not wall time: pages overlap.
         engine: the model id that read it.
         key: its resume key ("" when it could not be read).
         ocr_pages: pages the engine ran for it in this run (0 when skipped or failed before OCR).

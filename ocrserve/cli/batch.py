@@ -15,6 +15,8 @@ from ocrserve.cli.common import Overrides, documents_or_exit, err_console, load_
 from ocrserve.cli.ocr import SUFFIX
 from ocrserve.client import DOCUMENT_SUFFIXES
 from ocrserve.engines import create_engine
+from ocrserve.errors import BadRequest
+from ocrserve.preprocess import page_ranges
 
 if TYPE_CHECKING:
     from ocrserve.batch.pipeline import Summary
@@ -106,6 +108,11 @@ def batch(
     if format not in FORMATS:
         err_console.print(f"[red]error:[/red] --format must be one of {', '.join(FORMATS)}")
         raise typer.Exit(2)
+    if pages and pages.strip():
+        _check_pages(pages)
+    if out.exists() and not out.is_dir():
+        err_console.print(f"[red]error:[/red] --out {escape(str(out))} is a file; name a folder", highlight=False)
+        raise typer.Exit(2)
     config = load_or_exit(profile, list(set_ or []))
     try:
         create_engine(config)  # a setting the engine cannot run with fails here, before Ray starts
@@ -141,6 +148,16 @@ def batch(
         err_console.print(f"[red]failed[/red] {escape(entry.document)}: {escape(str(first.get('detail')))}")
     err_console.print(f"manifest: {escape(str(out / MANIFEST))}", highlight=False)
     raise typer.Exit(1 if failed else 0)
+
+
+def _check_pages(spec: str) -> None:
+    """Exit with status 2 on ``--pages`` that no document could satisfy (malformed, empty or below
+    1), before Ray starts; a page beyond a document fails that document only."""
+    try:
+        page_ranges(spec)
+    except BadRequest as exc:
+        err_console.print(f"[red]error:[/red] --pages: {escape(exc.detail)}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 def _recorded(manifest: Path) -> int:

@@ -140,25 +140,36 @@ def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int
 _PAGE_RANGE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
 
 
+def page_ranges(spec: str) -> list[tuple[int, int]]:
+    """The 1-based inclusive ``(first, last)`` ranges of ``"1-3,5"``, checked without a document.
+
+    Raises:
+        BadRequest: malformed ranges, or one that is empty or below 1.
+    """
+    ranges = []
+    for part in spec.split(","):
+        found = _PAGE_RANGE.fullmatch(part.strip())
+        if found is None:
+            raise BadRequest(f"pages={spec!r}: expected ranges like 1-3,5")
+        lo, hi = int(found[1]), int(found[2] or found[1])
+        if lo < 1 or hi < lo:
+            raise BadRequest(f"pages={spec!r}: range {part.strip()!r} is empty or below 1")
+        ranges.append((lo, hi))
+    return ranges
+
+
 def parse_page_ranges(spec: str | None, page_count: int) -> list[int]:
     """Turn ``"1-3,5"`` (1-based, inclusive) into sorted 0-based page indices.
 
     ``None`` or an empty string selects every page.
 
     Raises:
-        BadRequest: malformed ranges, or a page beyond ``page_count``.
+        BadRequest: malformed ranges (:func:`page_ranges`), or a page beyond ``page_count``.
     """
     if not spec or not spec.strip():
         return list(range(page_count))
     chosen: set[int] = set()
-    for part in spec.split(","):
-        found = _PAGE_RANGE.fullmatch(part.strip())
-        if found is None:
-            raise BadRequest(f"pages={spec!r}: expected ranges like 1-3,5")
-        lo = int(found[1])
-        hi = int(found[2] or found[1])
-        if lo < 1 or hi < lo:
-            raise BadRequest(f"pages={spec!r}: range {part.strip()!r} is empty or below 1")
+    for lo, hi in page_ranges(spec):
         if hi > page_count:
             raise BadRequest(f"pages={spec!r}: the document has {page_count} page(s)")
         chosen.update(range(lo - 1, hi))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -93,7 +96,8 @@ def batch(
     model is skipped, so a run killed at any moment is finished by running it again. A page that
     fails is recorded in its document's result and the manifest; a document that fails (unreadable,
     over a limit, every page failed) gets no result and is tried again by the next run.
-    Exit status: 0 every document done or skipped, 1 some failed, 2 bad arguments.
+    Exit status: 0 every document done or skipped, 1 some failed, 2 bad arguments; 130 (Ctrl-C)
+    and 143 (SIGTERM) stop it with what is recorded kept.
 
     Examples:
 
@@ -127,8 +131,9 @@ def batch(
         raise typer.Exit(2) from None
     outputs = {doc: str(name.with_name(name.name + FORMATS[format])) for doc, name in docs.items()}
     options = Options(fmt=format, pages=pages, actors=actors, retries=retries)
+    stopped_by: dict[str, int] = {}
     try:
-        with ray_cluster(ray_address):
+        with ray_cluster(ray_address), _terminate_as_interrupt(stopped_by):
             summary = run_batch(outputs, out, config, options, console=err_console)
     except (ConnectionError, OSError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
@@ -140,7 +145,7 @@ def batch(
             "run the same command again to finish the rest",
             highlight=False,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + stopped_by.get("signal", signal.SIGINT)) from None
     err_console.print(_summary_table(summary))
     failed = [e for e in summary.entries if e.status == "failed"]
     for entry in failed[:SHOWN_FAILURES]:
@@ -148,6 +153,24 @@ def batch(
         err_console.print(f"[red]failed[/red] {escape(entry.document)}: {escape(str(first.get('detail')))}")
     err_console.print(f"manifest: {escape(str(out / MANIFEST))}", highlight=False)
     raise typer.Exit(1 if failed else 0)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(stopped_by: dict[str, int]) -> Iterator[None]:
+    """SIGTERM (``kill``, Kubernetes, Slurm) ends the run as Ctrl-C does: what is recorded stays, the
+    rest is for the next run, and the exit status is 128 + the signal (143; 130 for Ctrl-C). Set
+    once Ray has started, whose own handler would print a crash trace and exit without a word;
+    ``stopped_by["signal"]`` is the signal that stopped the run."""
+
+    def interrupt(signum: int, frame) -> None:
+        stopped_by["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _check_pages(spec: str) -> None:

@@ -131,21 +131,20 @@ def batch(
         raise typer.Exit(2) from None
     outputs = {doc: str(name.with_name(name.name + FORMATS[format])) for doc, name in docs.items()}
     options = Options(fmt=format, pages=pages, actors=actors, retries=retries)
-    stopped_by: dict[str, int] = {}
     try:
-        with ray_cluster(ray_address), _terminate_as_interrupt(stopped_by):
+        with ray_cluster(ray_address), _terminate_as_interrupt():
             summary = run_batch(outputs, out, config, options, console=err_console)
     except (ConnectionError, OSError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         done = _recorded(out / MANIFEST)
         err_console.print(
             f"interrupted: {done} of {len(outputs)} documents recorded in {escape(str(out / MANIFEST))}; "
             "run the same command again to finish the rest",
             highlight=False,
         )
-        raise typer.Exit(128 + stopped_by.get("signal", signal.SIGINT)) from None
+        raise typer.Exit(128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)) from None
     err_console.print(_summary_table(summary))
     failed = [e for e in summary.entries if e.status == "failed"]
     for entry in failed[:SHOWN_FAILURES]:
@@ -155,16 +154,18 @@ def batch(
     raise typer.Exit(1 if failed else 0)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt` (see :func:`_terminate_as_interrupt`)."""
+
+
 @contextlib.contextmanager
-def _terminate_as_interrupt(stopped_by: dict[str, int]) -> Iterator[None]:
+def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (``kill``, Kubernetes, Slurm) ends the run as Ctrl-C does: what is recorded stays, the
     rest is for the next run, and the exit status is 128 + the signal (143; 130 for Ctrl-C). Set
-    once Ray has started, whose own handler would print a crash trace and exit without a word;
-    ``stopped_by["signal"]`` is the signal that stopped the run."""
+    once Ray has started, whose own handler would print a crash trace and exit without a word."""
 
     def interrupt(signum: int, frame) -> None:
-        stopped_by["signal"] = signum
-        raise KeyboardInterrupt
+        raise Terminated
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

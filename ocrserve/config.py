@@ -209,6 +209,9 @@ class OnnxEngineConfig(Section):
     """The embedded CPU engine (rapidocr's PP-OCR ONNX models)."""
 
     det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
+    rec_workers: int = Field(
+        1, ge=1, description="Recognition runs at once per priority class, each on a thread of its own"
+    )
     background_threads: int = Field(
         1, ge=0, description="onnxruntime threads per stage session of pages of priority > 0 (bulk); 0 = one per core"
     )

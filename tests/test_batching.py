@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -103,4 +104,23 @@ async def test_bulk_runs_pause_while_an_urgent_page_is_in_the_engine(crops):
         texts = await asyncio.wait_for(bulk, 30)  # and go once the page has left
     finally:
         await batcher.close()
+    assert texts[0][0].startswith("This is a lot of 12 point text")
+
+
+async def test_workers_run_that_many_groups_at_once(crops):
+    engine, lines = crops
+    both_running = threading.Barrier(2, timeout=30)  # passed only while two runs are in progress together
+
+    def recognize(batch, priority):
+        both_running.wait()
+        return engine._recognize(batch, priority)
+
+    batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=len(lines), workers=2)
+    batcher.start()
+    try:
+        texts = await asyncio.wait_for(batcher.submit(lines * 2, priority=10), 60)  # 2 runs of the lines
+    finally:
+        await batcher.close()
+    assert not both_running.broken
+    assert [t for t, _ in texts[: len(lines)]] == [t for t, _ in texts[len(lines) :]]
     assert texts[0][0].startswith("This is a lot of 12 point text")

@@ -301,24 +301,32 @@ def _calls_per_actor(slots: int) -> int:
     sent the next one, so fewer leave the engine waiting between pages. Measured with one
     detection worker on two-thread sessions (2 slots) over the 72 corpus pages on 2 cores, runs
     one after the other: 2 pages at once 53.6 pages/min, 4 58.5, 8 65.8, 16 66.3; with
-    :func:`_worker_config`'s engine (4 slots) over the 36 corpus images, alternating runs on a
-    machine running half as fast: 16 at once 26.8 and 28.1 pages/min, 8 27.7 and 27.8."""
+    :func:`_worker_config`'s engine (4 slots; one recognition thread then) over the 36 corpus
+    images, alternating runs on a machine running half as fast: 16 at once 26.8 and 28.1
+    pages/min, 8 27.7 and 27.8."""
     return 4 * slots
 
 
 def _worker_config(config: Config) -> Config:
     """The profile an OCR actor builds its engine from: ``config`` with the embedded engine sized
     to the :data:`CPUS_PER_ACTOR` cores an actor is given: that many detection workers
-    (``engine.onnx.det_workers``) and one onnxruntime thread per stage session
-    (``intra_op_num_threads`` and ``background_threads`` 1, so one set of sessions is built).
-    Single-threaded runs cost less CPU per page than two threads each, and two pages in detection
-    beside the recognition batcher keep both cores busy; the CPU left over goes to the decoding
-    tasks and Ray itself, which share the cores with the actor. Measured over the 36 corpus images
-    on 2 cores, engine alone, 8 pages in flight, runs alternating: 31.7 pages/min at 3.39 CPU
-    seconds a page against 31.8 at 3.58 with one detection worker on two-thread sessions; the
-    whole batch (8 pages in flight) 27.3 and 27.6 pages/min against 26.4 and 26.1."""
+    (``engine.onnx.det_workers``) and recognition runs at once (``rec_workers``), on one
+    onnxruntime thread per stage session (``intra_op_num_threads`` and ``background_threads`` 1,
+    so one set of sessions is built). Single-threaded runs cost less CPU per page than two threads
+    each (engine alone, 36 corpus images on 2 cores, 8 pages in flight, alternating runs: 3.39 CPU
+    seconds a page against 3.58 with one detection worker on two-thread sessions, 31.7 and 31.8
+    pages/min). One recognition thread was the batch's bottleneck: sampled by py-spy over 60 s of
+    a batch run on 2 cores, it was busy (running or waiting for a core) 99% of the time and the
+    two detection workers 42% and 38%; the machine's CPU was 76% used. Two recognition threads
+    keep it busy: over the 72 corpus pages of ``scripts/bench_batch.py``'s batch side, runs one
+    after the other in one process, 38.4 pages/min (112.5 s) against 28.0 (154.3 s) with one."""
     onnx = config.engine.onnx.model_copy(
-        update={"det_workers": CPUS_PER_ACTOR, "intra_op_num_threads": 1, "background_threads": 1}
+        update={
+            "det_workers": CPUS_PER_ACTOR,
+            "rec_workers": CPUS_PER_ACTOR,
+            "intra_op_num_threads": 1,
+            "background_threads": 1,
+        }
     )
     return config.model_copy(update={"engine": config.engine.model_copy(update={"onnx": onnx})})
 

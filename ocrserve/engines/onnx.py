@@ -144,6 +144,7 @@ class OnnxEngine(Engine):
             self.cfg.rec_batch_num,
             self._gate,
             self.cfg.background_nice,
+            self.cfg.rec_workers,
         )
         self._batcher.start()
         self.ready = True

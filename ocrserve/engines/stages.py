@@ -172,12 +172,15 @@ class RecBatcher:
         rec_batch_num: crops per ONNX run.
         gate: the engine's :class:`PriorityGate`; a run waits while a more urgent page is in the
             engine (even one still in detection), so that page has the cores to itself.
-        background_nice: nice value of the thread that runs groups of priority > 0.
+        background_nice: nice value of the threads that run groups of priority > 0.
+        workers: ONNX runs at once per priority class (urgent, background), each on a thread of
+            its own (``engine.onnx.rec_workers``; ``ocrserve batch``'s actors run 2 on
+            single-threaded sessions, where one run at a time uses one core only).
 
-    :meth:`submit` is called from the event loop; ``recognize(crops, priority)`` runs one ONNX run
-    at a time, on a dedicated thread (groups of priority > 0 on a second one, at
-    ``background_nice``). Crops that arrive while a group runs form the next group (continuous
-    batching).
+    :meth:`submit` is called from the event loop; ``recognize(crops, priority)`` runs up to
+    ``workers`` ONNX runs at once, on dedicated threads (groups of priority > 0 on threads of
+    their own, at ``background_nice``). Crops that arrive while a group runs form the next group
+    (continuous batching).
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class RecBatcher:
         rec_batch_num: int,
         gate: PriorityGate | None = None,
         background_nice: int = 0,
+        workers: int = 1,
     ):
         self._recognize = recognize
         self._gate = gate or PriorityGate()
@@ -199,9 +203,10 @@ class RecBatcher:
         self._seq = itertools.count()
         self._arrived = Alarm()  # rung by a new item, a finished run or a page leaving the engine
         self._gate.subscribe(self._arrived.ring)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ocrserve-rec")
-        self._background = background_pool(1, background_nice, "ocrserve-bg-rec")
-        self._busy: set[bool] = set()  # which threads run now: True = the urgent one
+        self.workers = workers
+        self._thread = ThreadPoolExecutor(workers, thread_name_prefix="ocrserve-rec")
+        self._background = background_pool(workers, background_nice, "ocrserve-bg-rec")
+        self._busy: Counter[bool] = Counter()  # runs in progress per class: True = urgent
         self._inflight: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # crops per group, recent groups
@@ -231,9 +236,9 @@ class RecBatcher:
                 await self._arrived.sleep(None)
 
     def _may_start(self, priority: int) -> bool:
-        """Whether the next run, of ``priority``, may start now: its thread (urgent or background)
-        is free and no more urgent page is in the engine."""
-        return is_urgent(priority) not in self._busy and self._gate.clear_for(priority)
+        """Whether the next run, of ``priority``, may start now: one of its threads (urgent or
+        background) is free and no more urgent page is in the engine."""
+        return self._busy[is_urgent(priority)] < self.workers and self._gate.clear_for(priority)
 
     async def _form_group(self, wait: bool) -> None:
         """Gather the most urgent waiting items into a group and queue its runs. With ``wait``
@@ -262,19 +267,19 @@ class RecBatcher:
         return sum(len(item.crops) for item in items)
 
     def _start_next(self) -> None:
-        """Start the next run on its thread. An urgent run may start while a background run is in
-        progress: the background thread's low priority then gives it the cores."""
+        """Start the next run on a thread of its class. An urgent run may start while background
+        runs are in progress: the background threads' low priority then gives it the cores."""
         _, _, group, indices = heapq.heappop(self._runs)
         if group.abandoned:
             return
         urgent = is_urgent(group.priority)
-        self._busy.add(urgent)
+        self._busy[urgent] += 1
         task = asyncio.create_task(self._run_group(group, indices))
         self._inflight.add(task)
 
         def finished(done: asyncio.Task) -> None:
             self._inflight.discard(done)
-            self._busy.discard(urgent)
+            self._busy[urgent] -= 1
             self._arrived.ring()
 
         task.add_done_callback(finished)
@@ -300,7 +305,7 @@ class RecBatcher:
             return exc
 
     async def close(self) -> None:
-        """Stop the loop and the recognition thread."""
+        """Stop the loop and the recognition threads."""
         for task in [self._task, *self._inflight]:
             if task:
                 task.cancel()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
 from typer.testing import CliRunner
 
-from ocrserve.cli import app
+from ocrserve.cli import app, reflowed
 from ocrserve.config import ConfigError, list_profiles, load_config, profile_path
 
 runner = CliRunner()
@@ -127,3 +128,17 @@ def test_cli_help_has_examples():
     launch_help = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"}).output
     assert "KEY=VALUE" in launch_help and "NAME|PATH" in launch_help
     assert not re.search(r"<(bool|str|int|list\[str\])>", launch_help), launch_help  # no Python types as metavars
+
+
+def test_help_prose_wraps_at_the_terminal_width():
+    prose = "Prose that the source\nbreaks at 100 columns."
+    laid_out = "- a list\n- kept\n\nExamples:\n\n    ocrserve x\n    ocrserve y"
+    assert reflowed(f"Summary.\n\n{prose}\n\n{laid_out}") == (
+        f"Summary.\n\nProse that the source breaks at 100 columns.\n\n{laid_out}"
+    )
+    batch_help = runner.invoke(app, ["batch", "--help"], env={"COLUMNS": "80"}).output
+    prose_lines = batch_help.split("Examples:")[0].splitlines()
+    # wrapped once: a line inside a paragraph fills the width (each 100-column source line was
+    # wrapped again at 80, leaving a short line after each)
+    short = [a for a, b in itertools.pairwise(prose_lines) if a.strip() and b.strip() and len(a.rstrip()) < 60]
+    assert not short, short

@@ -174,10 +174,10 @@ def bench(
 ) -> None:
     """Measure throughput and latency with real documents, find the knee, recommend a setting.
 
-        Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
-        (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
-        capacity simulator's prediction. With --sweep the gateway is started once per value (on the
-        --profile) and loaded at the largest --concurrency: the server-side batch-size curve. Several
+    Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
+    (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
+    capacity simulator's prediction. With --sweep the gateway is started once per value (on the
+    --profile) and loaded at the largest --concurrency: the server-side batch-size curve. Several
     --sweep options run every combination: one curve along the first KEY per setting of the others.
 
         The knee is where one more step adds less than --knee-gain of throughput; with --p95 the

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import mimetypes
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -56,10 +57,12 @@ def idempotency_key(path: Path, **params) -> str:
     return "ocrserve-" + hashlib.sha256(f"{path.name}:{file_sha256(path)}:{canonical}".encode()).hexdigest()
 
 
-def collect_documents(paths: list[Path]) -> dict[Path, Path]:
-    """Files named directly, plus documents found recursively under directories, sorted; each with
-    the name its result takes under an output folder: its path relative to the directory it was
-    found in (``scans/a/x.tif`` under ``scans/`` -> ``a/x.tif``), or its file name.
+def collect_documents(paths: list[Path], skipped: Counter[str] | None = None) -> dict[Path, Path]:
+    """Files named directly, plus documents found recursively under directories (by suffix:
+    :data:`DOCUMENT_SUFFIXES`), sorted; each with the name its result takes under an output folder:
+    its path relative to the directory it was found in (``scans/a/x.tif`` under ``scans/`` ->
+    ``a/x.tif``), or its file name. ``skipped``, when given, counts the other files under the
+    directories by suffix (lower case, ``""`` for none).
 
     Raises:
         FileNotFoundError: a named path does not exist.
@@ -68,7 +71,10 @@ def collect_documents(paths: list[Path]) -> dict[Path, Path]:
     found: dict[Path, Path] = {}
     for path in paths:
         if path.is_dir():
-            docs = sorted(p for p in path.rglob("*") if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file())
+            files = [p for p in path.rglob("*") if p.is_file()]
+            docs = sorted(p for p in files if p.suffix.lower() in DOCUMENT_SUFFIXES)
+            if skipped is not None:
+                skipped.update(p.suffix.lower() for p in files if p.suffix.lower() not in DOCUMENT_SUFFIXES)
             named = {doc: doc.relative_to(path) for doc in docs}
         elif path.is_file():
             named = {path: Path(path.name)}

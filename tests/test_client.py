@@ -8,11 +8,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from ocrserve.bench.harness import free_port
+from ocrserve.cli.common import documents_or_exit
 from ocrserve.client import collect_documents, idempotency_key
 from tests.conftest import DATA, ground_truth
 
@@ -22,8 +24,20 @@ def test_documents_are_named_relative_to_the_folder_they_were_found_in(tmp_path)
     (tmp_path / "scans" / "a" / "x.tif").write_bytes(b"")
     (tmp_path / "scans" / "notes.txt").write_text("not a document")
     (tmp_path / "y.png").write_bytes(b"")
-    found = collect_documents([tmp_path / "scans", tmp_path / "y.png", tmp_path / "scans" / "a" / "x.tif"])
+    (tmp_path / "scans" / "a" / "README").write_text("not a document")
+    skipped = Counter()
+    found = collect_documents([tmp_path / "scans", tmp_path / "y.png", tmp_path / "scans" / "a" / "x.tif"], skipped)
     assert found == {tmp_path / "scans" / "a" / "x.tif": Path("a/x.tif"), tmp_path / "y.png": Path("y.png")}
+    assert skipped == {".txt": 1, "": 1}
+
+
+def test_the_cli_says_how_many_files_of_a_folder_it_leaves(tmp_path, capsys):
+    (tmp_path / "x.png").write_bytes(b"")
+    for name in ("a.txt", "b.txt", "c.json"):
+        (tmp_path / name).write_text("{}")
+    assert documents_or_exit([tmp_path]) == {tmp_path / "x.png": Path("x.png")}
+    note = " ".join(capsys.readouterr().err.split())
+    assert "3 files under the folders are not documents by their suffix and are left (2 .txt, 1 .json)" in note
 
 
 def test_two_documents_that_would_share_a_result_name_are_refused(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -65,12 +66,20 @@ def _flatten(tree: dict, prefix: str) -> list[str]:
 
 def documents_or_exit(paths: list[Path]) -> dict[Path, Path]:
     """:func:`ocrserve.client.collect_documents` of ``paths``, or print why not and exit with status 2
-    (a path that does not exist, two documents of one name, no document at all)."""
+    (a path that does not exist, two documents of one name, no document at all). Files under the
+    folders that are not documents by their suffix are left, with a note saying how many."""
+    skipped: Counter[str] = Counter()
     try:
-        found = collect_documents(paths)
+        found = collect_documents(paths, skipped)
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+    if skipped:
+        kinds = ", ".join(f"{count} {suffix or 'without a suffix'}" for suffix, count in skipped.most_common())
+        err_console.print(
+            f"note: {sum(skipped.values())} files under the folders are not documents by their suffix and are left "
+            f"({kinds}); name a file to read it whatever its suffix"
+        )
     if not found:
         err_console.print("[red]error:[/red] no documents found")
         raise typer.Exit(2)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, resume_key
+from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, OutputFolder, resume_key
 from ocrserve.cli import app
 from ocrserve.client import collect_documents
 from ocrserve.config import load_config
@@ -179,6 +179,19 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_the_next_run_finishes_it(tmp_p
     assert sum(e.status == "skipped" for e in again) == len(recorded) and len(again) == len(copies)
 
 
+def test_a_result_damaged_since_it_was_written_is_not_done(tmp_path):
+    folder = OutputFolder(tmp_path)
+    entry = Entry("in/x.png", "x.png.json", "succeeded", pages=1, engine="m", key="k1")
+    folder.write(entry, {"id": "k1", "pages": [], "text": "été"}, "json")
+    assert folder.done("x.png.json", "k1") == entry
+    assert folder.done("x.png.json", "k2") is None  # another key: the document or the settings changed
+    result = tmp_path / "x.png.json"
+    result.write_bytes(result.read_bytes()[:-3])  # truncated from outside
+    assert folder.done("x.png.json", "k1") is None
+    result.unlink()
+    assert folder.done("x.png.json", "k1") is None
+
+
 def test_the_resume_key_is_the_gateways_dedup_key():
     config = load_config("local")
     cache = DedupCache(None, None, 1, config.engine.model, config.preprocess)
@@ -220,13 +233,14 @@ def test_a_glob_matching_nothing_exits_2(tmp_path):
     assert not (tmp_path / "out" / STATE_DIR).exists()
 
 
-def test_ocr_actors_detect_two_pages_on_single_threaded_sessions_and_keep_four_times_their_slots_in_flight():
+def test_ocr_actors_detect_and_recognize_two_pages_on_single_threaded_sessions_and_keep_4x_slots_in_flight():
     config = load_config("local")
     worker = pipeline._worker_config(config)
     onnx = worker.engine.onnx
-    assert (onnx.det_workers, onnx.intra_op_num_threads, onnx.background_threads) == (2, 1, 1)
+    assert (onnx.det_workers, onnx.rec_workers, onnx.intra_op_num_threads, onnx.background_threads) == (2, 2, 1, 1)
     assert create_engine(worker).slots == 4
     gateway = config.engine.onnx  # the gateway's profile is left as it is
-    assert (gateway.det_workers, gateway.intra_op_num_threads, gateway.background_threads) == (1, 0, 1)
+    assert (gateway.det_workers, gateway.rec_workers, gateway.intra_op_num_threads) == (1, 1, 0)
+    assert gateway.background_threads == 1
     assert worker.engine.model == config.engine.model and worker.preprocess == config.preprocess
     assert pipeline._calls_per_actor(4) == 16

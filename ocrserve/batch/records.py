@@ -9,7 +9,8 @@ Layout::
 A result is written to a temporary file beside it and renamed into place, then its done record
 the same way, so a run killed at any moment leaves each result whole or absent; a result without
 its record (killed between the two renames) is made again. A document is skipped when its done
-record holds the same resume key (:func:`resume_key`) and its result is there.
+record holds the same resume key (:func:`resume_key`) and its result is there as written (the
+record holds the result's sha256: one damaged or edited since is made again).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from ocrserve.client import file_sha256
 from ocrserve.config import PreprocessConfig
 from ocrserve.formats import render_markdown, render_text
 from ocrserve.store.cache import dedup_key, normalization
@@ -31,6 +33,8 @@ from ocrserve.store.cache import dedup_key, normalization
 STATE_DIR = ".ocrserve-batch"
 #: The manifest's file name under ``--out``.
 MANIFEST = "manifest.jsonl"
+#: The done record's field holding the sha256 of the result as written.
+RESULT_SHA256 = "result_sha256"
 #: Page problem statuses worth another run: the engine was down (503) or a deadline passed (504).
 TRANSIENT_STATUSES = frozenset({503, 504})
 
@@ -142,7 +146,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
+        with tmp.open("w", encoding="utf-8", newline="") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -170,23 +174,32 @@ class OutputFolder:
     def done(self, output: str, key: str) -> Entry | None:
         """The entry that wrote ``output`` (a path relative to the folder) for resume key ``key``,
         or None: no record, another key (the file, its pages or the model changed), or the result
-        is gone."""
+        is gone or not as written."""
         try:
-            entry = Entry.from_json(self._record_path(output).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError, TypeError):  # none, or a record this version cannot read
+            record = json.loads(self._record_path(output).read_text(encoding="utf-8"))
+            written = record.pop(RESULT_SHA256)
+            entry = Entry(**record)
+        except (FileNotFoundError, ValueError, TypeError, KeyError, AttributeError):  # none, or not this version's
             return None
-        return entry if entry.key == key and (self.root / output).is_file() else None
+        if entry.key != key:
+            return None
+        try:
+            return entry if file_sha256(self.root / output) == written else None
+        except OSError:  # gone, or a folder now
+            return None
 
     def write(self, entry: Entry, result: dict, fmt: str) -> None:
         """Write a document's result (rendered as ``fmt``) at ``entry.output``, then, when the entry
-        is :attr:`~Entry.final`, its done record; both atomically.
+        is :attr:`~Entry.final`, its done record (the entry and the result's sha256); both atomically.
 
         Raises:
             OSError: a write failed.
         """
-        write_atomic(self.root / entry.output, render(result, fmt))
+        text = render(result, fmt)
+        write_atomic(self.root / entry.output, text)
         if entry.final:
-            write_atomic(self._record_path(entry.output), entry.to_json())
+            record = {**asdict(entry), RESULT_SHA256: hashlib.sha256(text.encode()).hexdigest()}
+            write_atomic(self._record_path(entry.output), json.dumps(record, ensure_ascii=False))
         else:  # an earlier record would skip a result that still needs another try
             self._record_path(entry.output).unlink(missing_ok=True)
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from ocrserve.cli import app, reflowed
+from ocrserve.cli import app, engine, reflowed
 from ocrserve.config import ConfigError, list_profiles, load_config, profile_path
 
 runner = CliRunner()
@@ -130,15 +130,24 @@ def test_cli_help_has_examples():
     assert not re.search(r"<(bool|str|int|list\[str\])>", launch_help), launch_help  # no Python types as metavars
 
 
-def test_help_prose_wraps_at_the_terminal_width():
+def test_reflowed_joins_prose_paragraphs_and_keeps_laid_out_ones():
     prose = "Prose that the source\nbreaks at 100 columns."
     laid_out = "- a list\n- kept\n\nExamples:\n\n    ocrserve x\n    ocrserve y"
     assert reflowed(f"Summary.\n\n{prose}\n\n{laid_out}") == (
         f"Summary.\n\nProse that the source breaks at 100 columns.\n\n{laid_out}"
     )
-    batch_help = runner.invoke(app, ["batch", "--help"], env={"COLUMNS": "80"}).output
-    prose_lines = batch_help.split("Examples:")[0].splitlines()
-    # wrapped once: a line inside a paragraph fills the width (each 100-column source line was
-    # wrapped again at 80, leaving a short line after each)
+
+
+COMMANDS = [[c.name] for c in app.registered_commands] + [
+    ["engine", c.name or c.callback.__name__] for c in engine.app.registered_commands
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_prose_wraps_at_the_terminal_width(command):
+    help_text = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}).output
+    prose_lines = help_text.split("Examples:")[0].split("╭")[0].splitlines()
+    # wrapped once: a line inside a paragraph fills the width (a 100-column source line wrapped
+    # again at 80 leaves a short line after it, as does a paragraph indented like an example)
     short = [a for a, b in itertools.pairwise(prose_lines) if a.strip() and b.strip() and len(a.rstrip()) < 60]
     assert not short, short

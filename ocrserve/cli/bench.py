@@ -180,28 +180,28 @@ def bench(
     --profile) and loaded at the largest --concurrency: the server-side batch-size curve. Several
     --sweep options run every combination: one curve along the first KEY per setting of the others.
 
-        The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
-        recommendation is the setting with the highest throughput whose p95 meets it. The texts at the
-        smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
-        against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
+    The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
+    recommendation is the setting with the highest throughput whose p95 meets it. The texts at the
+    smallest setting (batch 1) and at the recommendation (else the knee) are compared (CER, and
+    against NAME.gt.txt beside a document); a drift above --max-cer-drift exits 1.
 
-        --scenario mixed measures the lanes instead: a single-page document of --corpus sent every
-        --interval seconds (priority=interactive) alone, then the documents posted by the largest
-        --concurrency of clients as priority=bulk alone, then both, each phase --duration seconds; it
-        reports the interactive p95 under the flood against idle and bulk pages/s with the stream
-        against without (with --sweep: per value, e.g. router.mode=lanes,fifo).
+    --scenario mixed measures the lanes instead: a single-page document of --corpus sent every
+    --interval seconds (priority=interactive) alone, then the documents posted by the largest
+    --concurrency of clients as priority=bulk alone, then both, each phase --duration seconds; it
+    reports the interactive p95 under the flood against idle and bulk pages/s with the stream
+    against without (with --sweep: per value, e.g. router.mode=lanes,fifo).
 
-        Examples:
+    Examples:
 
-            ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
+        ocrserve bench --url http://127.0.0.1:8000 --corpus ../shared/corpus/tesseract --p95 5
 
-            ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
+        ocrserve bench --corpus scans/ --concurrency 1,2,4,8 --rate 1,2 --duration 60
 
-            ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
+        ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6,16 --concurrency 8 --p95 10
 
-            ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6 --sweep engine.onnx.det_workers=1,2
+        ocrserve bench --corpus scans/ --sweep engine.onnx.rec_batch_num=1,6 --sweep engine.onnx.det_workers=1,2
 
-            ocrserve bench --corpus scans/ --scenario mixed --sweep router.mode=lanes,fifo --concurrency 4 --duration 60
+        ocrserve bench --corpus scans/ --scenario mixed --sweep router.mode=lanes,fifo --concurrency 4 --duration 60
     """
     if scenario not in ("sweep", "mixed"):
         err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ocrserve.bench.harness import LocalGateway
+from ocrserve.bench.harness import REPO, LocalGateway, free_port
 from ocrserve.evaluation import locate_corpus
 
 DATA = Path(__file__).parent / "data"
@@ -43,6 +45,39 @@ def post_then_hang_up(url: str, files: dict, hang_up_when: Callable[[], object])
 def ground_truth(name: str) -> str:
     """The ``.gt.txt`` text beside a test file."""
     return (DATA / name).with_suffix(".gt.txt").read_text(encoding="utf-8")
+
+
+class Replica:
+    """``ocrserve engine serve --backend onnx`` in its own process group: a real server speaking
+    vLLM's OpenAI chat-completions protocol (``/health``, ``/v1/chat/completions``, ``/metrics``)
+    as ``model``, decoding images of at most ``max_page_pixels`` (a bigger one is its 400)."""
+
+    def __init__(self, model: str, max_page_pixels: int | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "ocrserve", "engine", "serve", "--backend", "onnx"]
+        args += ["--port", str(self.port), "--served-model-name", model, "--set", "preprocess.workers=1"]
+        if max_page_pixels is not None:
+            args += ["--set", f"preprocess.max_page_pixels={max_page_pixels}"]
+        quiet = None if os.environ.get("OCRSERVE_TEST_LOGS") else subprocess.DEVNULL
+        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=quiet, stderr=quiet)
+
+    def wait_healthy(self, timeout: float = 120.0) -> Replica:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"replica exited with {self.proc.returncode}"
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("replica not healthy in time")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
 
 
 #: What every test gateway runs with: one decoding process (CI has 2 cores), and no calibration at

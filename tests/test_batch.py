@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, OutputFolder, resume_key
@@ -20,12 +22,15 @@ from ocrserve.cli import app
 from ocrserve.client import collect_documents
 from ocrserve.config import load_config
 from ocrserve.engines import create_engine
+from ocrserve.evaluation import bag_f1
 from ocrserve.store.cache import DedupCache
-from tests.conftest import DATA, wait_for
+from tests.conftest import DATA, Replica, ground_truth, wait_for
 
 ray = pytest.importorskip("ray", reason="ocrserve batch needs Ray: pip install -e '.[ray]'")
 pipeline = pytest.importorskip("ocrserve.batch.pipeline", reason="ocrserve batch needs ray[data]")
 
+#: The model the vLLM replica serves (the ``prod`` profile's).
+VLLM_MODEL = "tencent/HunyuanOCR"
 #: The documents of the first run: relative path under the input folder -> sample in tests/data.
 SAMPLES = {
     "phototest.tif": "phototest.tif",
@@ -156,6 +161,37 @@ def test_a_killed_ocr_actor_is_replaced_and_every_document_done_once(local_ray, 
     assert len(texts) == 1 and "quick brown dog" in texts.pop()
     assert summary.pages >= len(copies)
     assert not [p for p in out.rglob("*.tmp")]
+
+
+def _replica_requests(replica: Replica) -> float:
+    """Requests ``replica`` finished (vLLM's ``vllm:request_success_total``, any reason)."""
+    families = text_string_to_metric_families(httpx.get(replica.url + "/metrics").text)
+    return sum(
+        s.value for f in families if f.name == "vllm:request_success" for s in f.samples if s.name.endswith("_total")
+    )
+
+
+def test_the_prod_profile_reads_each_page_once_through_the_vllm_replicas(local_ray, tmp_path):
+    """``engine.kind: vllm``: the OCR actor is a client of the replicas in ``engine.vllm.base_urls``
+    (here a real server speaking vLLM's protocol, not launched by ocrserve)."""
+    replica = Replica(VLLM_MODEL).wait_healthy()
+    try:
+        inputs = _folder(tmp_path / "in", {name: name for name in ("phototest.tif", "testTIFF_multipage.tif")})
+        overrides = [f"engine.vllm.base_urls=[{replica.url}]", "vllm.max_num_seqs=4"]
+        summary = pipeline.run_batch(_documents(inputs), tmp_path / "out", load_config("prod", overrides))
+        served = _replica_requests(replica)
+    finally:
+        replica.stop()
+    entries = _manifest(tmp_path / "out")
+    assert {(Path(e.document).name, e.status, e.pages, e.engine) for e in entries} == {
+        ("phototest.tif", "succeeded", 1, VLLM_MODEL),
+        ("testTIFF_multipage.tif", "succeeded", 2, VLLM_MODEL),
+    }
+    assert summary.pages == served == 3  # each page one request to the replica
+    for entry in entries:
+        result = json.loads((tmp_path / "out" / entry.output).read_text(encoding="utf-8"))
+        assert result["model"] == VLLM_MODEL and result["lane"] == "batch"
+        assert bag_f1(result["text"], ground_truth(Path(entry.document).name)) >= 0.95, result["text"]
 
 
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_the_next_run_finishes_it(tmp_path):

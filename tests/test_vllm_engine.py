@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,7 +14,6 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from ocrserve.bench.harness import REPO, free_port
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
 from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
@@ -27,7 +21,7 @@ from ocrserve.gpu.engine_server import REPLICA_HEADER
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
 from tests import samples
-from tests.conftest import DATA, Gateway, ground_truth, post_then_hang_up, wait_for
+from tests.conftest import DATA, Gateway, Replica, ground_truth, post_then_hang_up, wait_for
 
 MODEL = "tencent/HunyuanOCR"
 #: Decoded pixels a replica accepts per image: below a prod-profile page at its 4.19 Mpx budget,
@@ -45,53 +39,9 @@ DOCUMENTS = {
 }
 
 
-class Replica:
-    """``ocrserve engine serve --backend onnx`` serving :data:`MODEL`, in its own process group."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = [
-            sys.executable,
-            "-m",
-            "ocrserve",
-            "engine",
-            "serve",
-            "--backend",
-            "onnx",
-            "--port",
-            str(self.port),
-            "--served-model-name",
-            MODEL,
-            "--set",
-            "preprocess.workers=1",
-            "--set",
-            f"preprocess.max_page_pixels={REPLICA_MAX_PAGE_PIXELS}",
-        ]
-        quiet = None if os.environ.get("OCRSERVE_TEST_LOGS") else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=quiet, stderr=quiet)
-
-    def wait_healthy(self, timeout: float = 120.0) -> Replica:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"replica exited with {self.proc.returncode}"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("replica not healthy in time")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-
-
 @pytest.fixture(scope="module")
 def replicas():
-    pair = [Replica(), Replica()]
+    pair = [Replica(MODEL, REPLICA_MAX_PAGE_PIXELS), Replica(MODEL, REPLICA_MAX_PAGE_PIXELS)]
     try:
         yield [r.wait_healthy() for r in pair]
     finally:

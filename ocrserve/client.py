@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import json
 import mimetypes
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from tenacity import retry_if_exception
 
 from ocrserve import backoff
 
-#: File suffixes ``ocrserve ocr DIR`` picks up.
-DOCUMENT_SUFFIXES = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp", ".gif", ".pdf"}
 #: Statuses worth retrying: the server is busy or restarting.
 RETRY_STATUSES = {429, 502, 503}
 #: Back-off of a retried request, seconds: first wait, cap (see :mod:`ocrserve.backoff`).
@@ -55,43 +52,6 @@ def idempotency_key(path: Path, **params) -> str:
     file under different names are two jobs, not a reused key (409)."""
     canonical = json.dumps({k: v for k, v in params.items() if v is not None}, sort_keys=True)
     return "ocrserve-" + hashlib.sha256(f"{path.name}:{file_sha256(path)}:{canonical}".encode()).hexdigest()
-
-
-def collect_documents(paths: list[Path], skipped: Counter[str] | None = None) -> dict[Path, Path]:
-    """Files named directly, plus documents found recursively under directories (by suffix:
-    :data:`DOCUMENT_SUFFIXES`), sorted; each with the name its result takes under an output folder:
-    its path relative to the directory it was found in (``scans/a/x.tif`` under ``scans/`` ->
-    ``a/x.tif``), or its file name. ``skipped``, when given, counts the other files under the
-    directories by suffix (lower case, ``""`` for none).
-
-    Raises:
-        FileNotFoundError: a named path does not exist.
-        ValueError: two different documents would take the same name.
-    """
-    found: dict[Path, Path] = {}
-    for path in paths:
-        if path.is_dir():
-            files = [p for p in path.rglob("*") if p.is_file()]
-            docs = sorted(p for p in files if p.suffix.lower() in DOCUMENT_SUFFIXES)
-            if skipped is not None:
-                skipped.update(p.suffix.lower() for p in files if p.suffix.lower() not in DOCUMENT_SUFFIXES)
-            named = {doc: doc.relative_to(path) for doc in docs}
-        elif path.is_file():
-            named = {path: Path(path.name)}
-        else:
-            raise FileNotFoundError(f"no such file or directory: {path}")
-        for doc, name in named.items():
-            found.setdefault(doc, name)
-    return _unique_names(found)
-
-
-def _unique_names(found: dict[Path, Path]) -> dict[Path, Path]:
-    seen: dict[Path, Path] = {}
-    for doc, name in found.items():
-        other = seen.setdefault(name, doc)
-        if other != doc:
-            raise ValueError(f"{other} and {doc} would both be written as {name}; name them in separate runs")
-    return found
 
 
 class OcrClient:

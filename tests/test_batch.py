@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -19,10 +21,10 @@ from typer.testing import CliRunner
 
 from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, OutputFolder, resume_key
 from ocrserve.cli import app
-from ocrserve.client import collect_documents
 from ocrserve.config import load_config
 from ocrserve.engines import create_engine
 from ocrserve.evaluation import bag_f1
+from ocrserve.inputs import collect_documents
 from ocrserve.store.cache import DedupCache
 from tests.conftest import DATA, Replica, ground_truth, wait_for
 
@@ -257,10 +259,24 @@ def test_an_out_that_is_a_file_exits_2_naming_it(tmp_path):
 
 
 def test_no_ray_cluster_at_the_address_exits_2_at_once(tmp_path):
-    # a process of its own: this one is joined to the module's Ray, which the command would use
+    """Nothing listening, a web server where Ray should be, and a bad ``RAY_ADDRESS`` under
+    ``--ray auto``: each exits 2 in seconds (Ray itself would retry for minutes)."""
+    # processes of their own: this one is joined to the module's Ray, which the command would use
     args = [sys.executable, "-m", "ocrserve", "batch", str(DATA / "phototest.tif"), "--out", str(tmp_path)]
-    cli = subprocess.run([*args, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 2 and "no Ray cluster answers at 127.0.0.1:1" in cli.stderr, cli.stderr
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    web = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        for extra, env_address, message in [
+            (["--ray", "127.0.0.1:1"], None, "no Ray cluster answers at 127.0.0.1:1"),
+            (["--ray", f"127.0.0.1:{web.server_port}"], None, f"127.0.0.1:{web.server_port} answers, but not as Ray"),
+            ([], "127.0.0.1:1", "no Ray cluster answers at RAY_ADDRESS=127.0.0.1:1"),
+        ]:
+            run_env = env if env_address is None else {**env, "RAY_ADDRESS": env_address}
+            cli = subprocess.run([*args, *extra], capture_output=True, text=True, timeout=60, env=run_env)
+            assert cli.returncode == 2 and message in cli.stderr, cli.stderr
+    finally:
+        web.shutdown()
 
 
 def test_a_glob_matching_nothing_exits_2(tmp_path):

@@ -15,7 +15,8 @@ import pytest
 
 from ocrserve.bench.harness import free_port
 from ocrserve.cli.common import documents_or_exit
-from ocrserve.client import collect_documents, idempotency_key
+from ocrserve.client import idempotency_key
+from ocrserve.inputs import NOT_A_FILE, collect_documents
 from tests.conftest import DATA, ground_truth
 
 
@@ -37,7 +38,7 @@ def test_the_cli_says_how_many_files_of_a_folder_it_leaves(tmp_path, capsys):
         (tmp_path / name).write_text("{}")
     assert documents_or_exit([tmp_path]) == {tmp_path / "x.png": Path("x.png")}
     note = " ".join(capsys.readouterr().err.split())
-    assert "3 files under the folders are not documents by their suffix and are left (2 .txt, 1 .json)" in note
+    assert "3 files found are not documents and are left (2 .txt, 1 .json)" in note
 
 
 def test_two_documents_that_would_share_a_result_name_are_refused(tmp_path):
@@ -48,6 +49,39 @@ def test_two_documents_that_would_share_a_result_name_are_refused(tmp_path):
         collect_documents([tmp_path / "a" / "x.tif", tmp_path / "b" / "x.tif"])
     with pytest.raises(FileNotFoundError, match="no such file or directory"):
         collect_documents([tmp_path / "missing.pdf"])
+
+
+def _touch(*paths: Path) -> None:
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+
+def test_a_glob_names_what_it_matches_relative_to_the_folder_before_its_wildcard(tmp_path):
+    archive = tmp_path / "archive"
+    _touch(archive / "2024" / "same.pdf", archive / "2025" / "same.pdf", archive / "notes.txt")
+    found = collect_documents([archive / "**" / "*.pdf"])
+    assert found == {
+        archive / "2024" / "same.pdf": Path("2024/same.pdf"),
+        archive / "2025" / "same.pdf": Path("2025/same.pdf"),
+    }
+    with pytest.raises(FileNotFoundError, match=r"no document matches .*\*\.tif"):
+        collect_documents([archive / "**" / "*.tif"])
+
+
+def test_links_to_folders_are_followed_once_and_hidden_and_output_folders_left(tmp_path):
+    scans, elsewhere = tmp_path / "scans", tmp_path / "mnt" / "2024"
+    _touch(elsewhere / "a.png", scans / "b.png", scans / ".git" / "c.png", scans / "results" / "d.png")
+    (scans / "2024").symlink_to(elsewhere)
+    (scans / "loop").symlink_to(scans)  # back to a folder already searched
+    (scans / "dangling.png").symlink_to(tmp_path / "gone.png")
+    os.mkfifo(scans / "fifo.png")
+    skipped = Counter()
+    found = collect_documents([scans, tmp_path / "scans" / ".." / "scans"], skipped, exclude=scans / "results")
+    assert found == {scans / "2024" / "a.png": Path("2024/a.png"), scans / "b.png": Path("b.png")}
+    assert skipped == {NOT_A_FILE: 2}
+    with pytest.raises(FileNotFoundError, match="not a regular file or folder: .*fifo.png"):
+        collect_documents([scans / "fifo.png"])
 
 
 def test_cli_out_keeps_subfolders_so_same_names_do_not_collide(gateway, tmp_path):

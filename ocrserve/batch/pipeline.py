@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import time
 import warnings
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import ray
 from ray.util.annotations import RayDeprecationWarning
 from rich.console import Console
@@ -88,7 +90,7 @@ class Summary:
 
     @property
     def pages(self) -> int:
-        """Pages the engine ran in this run (0 when every document was skipped)."""
+        """Pages the engine read in this run (0 when every document was skipped)."""
         return sum(e.ocr_pages for e in self.entries)
 
     @property
@@ -110,13 +112,15 @@ def ray_cluster(address: str) -> Iterator[None]:
     is and left running; one started here is shut down.
 
     Raises:
-        ConnectionError: nothing answers at ``address`` (checked before Ray, which would retry for
-            minutes).
+        ConnectionError: no Ray answers at ``address`` or ``RAY_ADDRESS`` (checked before Ray,
+            which would retry for minutes).
     """
     if ray.is_initialized():
         yield
         return
-    if address not in ("auto", "local"):
+    if address == "auto" and os.environ.get("RAY_ADDRESS", "auto") not in ("", "auto", "local"):
+        _check_reachable(os.environ["RAY_ADDRESS"], "RAY_ADDRESS=")
+    elif address not in ("auto", "local"):
         _check_reachable(address)
     ray.init(address=None if address == "auto" else address, logging_level=logging.WARNING)
     # the command shows its own bar; Ray Data's progress and logs stay in the session's ray-data log
@@ -128,15 +132,24 @@ def ray_cluster(address: str) -> Iterator[None]:
         ray.shutdown()
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Raise ConnectionError unless a TCP connection to ``address`` (``host:port`` or
-    ``ray://host:port``; port 6379 when none) opens within ``timeout_s``."""
+def _check_reachable(address: str, named: str = "", timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError unless a gRPC server (a Ray head's GCS, or its Ray Client server for
+    ``ray://``) answers at ``address`` (``host:port`` or ``ray://host:port``; port 6379 when none)
+    within ``timeout_s``: a TCP connection, then an HTTP/2 handshake, which a port held by anything
+    else (a web server) fails. ``named`` prefixes the address in the message (``RAY_ADDRESS=``)."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     host, port = (host, port) if port.isdigit() else (address.removeprefix("ray://"), str(DEFAULT_RAY_PORT))
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise ConnectionError(f"no Ray cluster answers at {address}: {exc.strerror or exc}") from None
+        raise ConnectionError(f"no Ray cluster answers at {named}{address}: {exc.strerror or exc}") from None
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(
+                f"{named}{address} answers, but not as Ray: no gRPC server there within {timeout_s:g} s"
+            ) from None
 
 
 def run_batch(

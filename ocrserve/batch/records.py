@@ -62,7 +62,7 @@ class Entry:
             inside the OCR actor's engine included); not wall time: pages overlap.
         engine: the model id that read it.
         key: its resume key ("" when it could not be read).
-        ocr_pages: pages the engine ran for it in this run (0 when skipped or failed before OCR).
+        ocr_pages: pages the engine read for it in this run (0 when skipped or failed before OCR).
         workers: the OCR workers (``host:pid``) that ran its pages in this run.
     """
 

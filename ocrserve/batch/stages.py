@@ -124,8 +124,9 @@ class OcrWorker:
 
         Yields:
             One batch: per page ``document``, ``page`` (its result entry as JSON: text, lines,
-            timings, or ``error``), ``ocr`` (whether the engine ran it: False for a page that
-            failed decoding) and ``worker`` (``host:pid`` of this actor).
+            timings, or ``error``), ``ocr`` (whether the engine read it: False for a page that
+            failed decoding or in the engine, or was answered from its PDF text layer) and
+            ``worker`` (``host:pid`` of this actor).
 
         Raises:
             Exception: the engine failed to start (the run then records the documents not done
@@ -143,7 +144,7 @@ class OcrWorker:
         }
 
     async def _one(self, page: Page | DecodeFailure) -> tuple[dict, bool]:
-        """One page's result entry, and whether the engine ran it."""
+        """One page's result entry, and whether the engine read it."""
         if isinstance(page, DecodeFailure):
             return Attempt.failed(page.index, page.problem).result.to_dict(), False
         queued = time.perf_counter()
@@ -152,7 +153,7 @@ class OcrWorker:
         try:
             result = await self.engine.ocr_page(page, priority=self.priority)
         except PageError as exc:
-            return Attempt.failed(page.index, page_problem(page.index, exc)).result.to_dict(), True
+            return Attempt.failed(page.index, page_problem(page.index, exc)).result.to_dict(), False
         return with_timings(result, page, queued).to_dict(), True
 
 

@@ -11,8 +11,8 @@ import typer
 import yaml
 from rich.console import Console
 
-from ocrserve.client import collect_documents
 from ocrserve.config import Config, ConfigError, load_config
+from ocrserve.inputs import collect_documents
 
 err_console = Console(stderr=True)
 
@@ -64,21 +64,22 @@ def _flatten(tree: dict, prefix: str) -> list[str]:
     return items
 
 
-def documents_or_exit(paths: list[Path]) -> dict[Path, Path]:
-    """:func:`ocrserve.client.collect_documents` of ``paths``, or print why not and exit with status 2
-    (a path that does not exist, two documents of one name, no document at all). Files under the
-    folders that are not documents by their suffix are left, with a note saying how many."""
+def documents_or_exit(paths: list[Path], *, out: Path | None = None) -> dict[Path, Path]:
+    """:func:`ocrserve.inputs.collect_documents` of ``paths`` (never searching the output folder
+    ``out``), or print why not and exit with status 2 (a path that does not exist, a glob that
+    matches nothing, two documents of one name, no document at all). The other files found are
+    left, with a note saying how many of each kind."""
     skipped: Counter[str] = Counter()
     try:
-        found = collect_documents(paths, skipped)
+        found = collect_documents(paths, skipped, exclude=out)
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if skipped:
         kinds = ", ".join(f"{count} {suffix or 'without a suffix'}" for suffix, count in skipped.most_common())
         err_console.print(
-            f"note: {sum(skipped.values())} files under the folders are not documents by their suffix and are left "
-            f"({kinds}); name a file to read it whatever its suffix"
+            f"note: {sum(skipped.values())} files found are not documents and are left ({kinds}); "
+            "name a file to read it whatever its suffix"
         )
     if not found:
         err_console.print("[red]error:[/red] no documents found")

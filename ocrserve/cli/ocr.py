@@ -188,7 +188,10 @@ async def _follow(client: OcrClient, doc: Path, job_id: str, fmt: str, target: P
 
 def ocr(
     paths: Annotated[
-        list[Path], typer.Argument(metavar="PATH...", help="Files or directories (searched recursively).")
+        list[Path],
+        typer.Argument(
+            metavar="PATH...", help="Files, directories (searched recursively) or quoted globs ('a/**/*.pdf')."
+        ),
     ],
     url: Annotated[
         str, typer.Option(envvar="OCRSERVE_URL", metavar="URL", help="Gateway base URL.")
@@ -239,7 +242,7 @@ def ocr(
     if format not in SUFFIX:
         err_console.print(f"[red]error:[/red] --format must be one of {', '.join(SUFFIX)}")
         raise typer.Exit(2)
-    docs = documents_or_exit(paths)
+    docs = documents_or_exit(paths, out=out)
     if out:
         try:
             out.mkdir(parents=True, exist_ok=True)

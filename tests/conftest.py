@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ocrserve.bench.harness import REPO, LocalGateway, free_port
+from ocrserve.bench.harness import REPO, LocalGateway, free_port, wait_until_200
 from ocrserve.evaluation import locate_corpus
 
 DATA = Path(__file__).parent / "data"
@@ -63,16 +63,8 @@ class Replica:
         self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=quiet, stderr=quiet)
 
     def wait_healthy(self, timeout: float = 120.0) -> Replica:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"replica exited with {self.proc.returncode}"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("replica not healthy in time")
+        wait_until_200(self.proc, self.url + "/health", "replica", timeout)
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:

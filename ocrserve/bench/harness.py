@@ -58,17 +58,8 @@ class LocalGateway:
         Raises:
             RuntimeError: the process exited, or ``timeout`` seconds passed.
         """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("gateway not ready in time")
+        wait_until_200(self.proc, self.url + "/readyz", "gateway", timeout)
+        return self
 
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL if it lingers."""
@@ -85,3 +76,23 @@ class LocalGateway:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_until_200(proc: subprocess.Popen, url: str, name: str, timeout: float) -> None:
+    """Poll ``url`` every 0.3 s until it answers 200.
+
+    Raises:
+        RuntimeError: ``proc`` (the server, named ``name`` in the message) exited, or ``timeout``
+            seconds passed.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{name} not ready in time")

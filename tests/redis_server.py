@@ -6,7 +6,6 @@ tests that need it skip, saying so.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -15,15 +14,14 @@ import time
 import pytest
 
 from ocrserve.bench.harness import free_port
+from tests import needs
 
 
 class RedisServer:
     """``redis-server`` without persistence, bound to 127.0.0.1 on a free port."""
 
     def __init__(self):
-        executable = shutil.which("redis-server")
-        if executable is None:
-            pytest.skip("redis-server not found (Debian: apt-get install -y redis-server)")
+        executable = needs.program("redis-server")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="ocrserve-redis-")

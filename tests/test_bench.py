@@ -17,7 +17,7 @@ from ocrserve.bench.report import overlay_yaml
 from ocrserve.cli import app
 from tests.conftest import DATA
 
-pytest.importorskip("matplotlib", reason="the bench report's plot needs matplotlib (the bench extra)")
+pytest.importorskip("matplotlib", reason="the bench report's plot needs matplotlib: pip install -e '.[test]'")
 
 
 def test_a_short_bench_run_reports_the_knee_quality_and_the_simulated_p95(gateway, tmp_path):

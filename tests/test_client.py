@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from ocrserve.bench.harness import free_port
 from ocrserve.cli.common import documents_or_exit
 from ocrserve.client import idempotency_key
 from ocrserve.inputs import NOT_A_FILE, collect_documents
+from tests import needs
 from tests.conftest import DATA, ground_truth
 
 
@@ -121,7 +121,7 @@ def test_cli_json_on_stdout_is_json_lines_and_the_bar_names_its_unit(gateway, tm
         ("testTIFF_multipage.tif", 2),
     ]
     assert "2/2 documents" in done.stderr
-    if shutil.which("jq"):
+    if needs.which("jq"):
         files = subprocess.run(["jq", "-r", ".file"], input=done.stdout, capture_output=True, text=True, check=True)
         assert [Path(f).name for f in files.stdout.split()] == ["phototest.tif", "testTIFF_multipage.tif"]
 

@@ -13,13 +13,13 @@ import threading
 import time
 
 import httpx
-import huggingface_hub
 import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="debug mode needs torch: pip install -e '.[debug]'")
 pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL needs transformers>=5.13 ('.[debug]')")
 
+import huggingface_hub  # noqa: E402  (comes with transformers)
 from transformers import AutoModelForImageTextToText  # noqa: E402
 
 from ocrserve.config import load_config  # noqa: E402

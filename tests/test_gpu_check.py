@@ -27,7 +27,7 @@ def _load_script():
 
 
 def test_no_gpu_exits_2_with_one_line():
-    torch = pytest.importorskip("torch", reason="the no-GPU path past the import needs torch installed")
+    torch = pytest.importorskip("torch", reason="the no-GPU path needs torch: pip install -e '.[debug]'")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the no-GPU path does not apply")
     result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=240, check=False)

@@ -347,7 +347,7 @@ def test_cli_models_lists_the_registry():
 def _vllm_parser():
     if shutil.which("nvidia-smi") is None:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # let vLLM build its config on a CPU-only machine
-    pytest.importorskip("vllm")
+    pytest.importorskip("vllm", reason="vLLM's own parser needs vllm: pip install -e '.[vllm]'")
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # vLLM < 0.11.1

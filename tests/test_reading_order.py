@@ -101,7 +101,9 @@ def test_orientation_off_is_carried_to_the_engine_on_each_page():
 def born_digital_pdf(invisible: bool = False) -> bytes:
     """A one-page PDF with a real text layer: a title above two columns (matplotlib, TrueType
     fonts); ``invisible``: the same text drawn in render mode 3, as an OCR tool lays it under a scan."""
-    matplotlib = pytest.importorskip("matplotlib", reason="the born-digital PDF is drawn with matplotlib")
+    matplotlib = pytest.importorskip(
+        "matplotlib", reason="the born-digital PDF is drawn with matplotlib: pip install -e '.[test]'"
+    )
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ocrserve.bench.harness import LocalGateway, free_port
+from tests import needs
 from tests.venvs import clean_env, require_setuptools, share_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,10 @@ README = (ROOT / "README.md").read_text()
 
 pytestmark = [
     pytest.mark.timeout(600),
-    pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="README's commands use curl and jq"),
+    pytest.mark.skipif(
+        not (needs.which("curl") and needs.which("jq")),
+        reason="README's commands use curl and jq (Debian: apt-get install -y curl jq)",
+    ),
 ]
 
 

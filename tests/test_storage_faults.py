@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from ocrserve.bench.harness import LocalGateway, free_port
 from ocrserve.errors import PROBLEM_BASE
+from tests import needs
 from tests.conftest import TEST_OVERRIDES, wait_for
 from tests.jobs_util import numbered_tiff, page_number, read_events, wait_job
 
@@ -189,9 +189,7 @@ class PersistentRedis:
     (unreachable) and started again with its data."""
 
     def __init__(self, folder: Path):
-        self.executable = shutil.which("redis-server")
-        if self.executable is None:
-            pytest.skip("redis-server not found (Debian: apt-get install -y redis-server)")
+        self.executable = needs.program("redis-server")
         self.folder, self.port = folder, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         folder.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from ocrserve.formats import render_markdown
+from tests import needs
 from tests.conftest import DATA, Gateway, ground_truth
 from tests.jobs_util import numbered_tiff
 from tests.test_api import assert_problem
@@ -63,8 +64,7 @@ RECORD_STATUS = """() => {
 def browser():
     if sync_playwright is None:
         pytest.skip("playwright is not installed: pip install -e '.[test]'")
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    needs.file(CHROMIUM, "chromium")
     expect.set_options(timeout=WAIT_MS)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

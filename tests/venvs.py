@@ -41,7 +41,9 @@ def clean_env(venv_dir: Path, data_home: Path) -> dict[str, str]:
 def require_setuptools() -> None:
     """Skip unless this venv's setuptools can build ocrserve without build isolation (77+ reads the
     SPDX ``license``)."""
-    setuptools = pytest.importorskip("setuptools", reason="building ocrserve needs setuptools in this venv")
+    setuptools = pytest.importorskip(
+        "setuptools", reason="building ocrserve needs setuptools: pip install -e '.[test]'"
+    )
     if int(setuptools.__version__.split(".")[0]) < 77:
         pytest.skip(
             f"setuptools {setuptools.__version__} cannot build this pyproject.toml (SPDX license "

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ocrserve.batch.records import MANIFEST, Entry
-from ocrserve.cli.common import Overrides, documents_or_exit, err_console, load_or_exit
+from ocrserve.cli.common import Overrides, documents_or_exit, err_console, load_or_exit, require_extra
 from ocrserve.cli.ocr import SUFFIX
 from ocrserve.engines import create_engine
 from ocrserve.errors import BadRequest
@@ -93,6 +93,7 @@ def batch(
     if format not in FORMATS:
         err_console.print(f"[red]error:[/red] --format must be one of {', '.join(FORMATS)}")
         raise typer.Exit(2)
+    require_extra("ray", "ocrserve batch")
     if pages and pages.strip():
         _check_pages(pages)
     if out.exists() and not out.is_dir():

@@ -23,7 +23,7 @@ from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
 from ocrserve.bench.mixed import mixed
 from ocrserve.bench.report import cost, plot_capacity, quality, write, write_mixed
-from ocrserve.cli.common import documents_or_exit, err_console
+from ocrserve.cli.common import documents_or_exit, err_console, require_extra
 
 #: Requests in flight at once in an open-loop point, at most (arrivals beyond it wait for a connection).
 OPEN_LOOP_CONNECTIONS = 256
@@ -206,6 +206,7 @@ def bench(
     if scenario not in ("sweep", "mixed"):
         err_console.print(f"[red]error:[/red] --scenario must be sweep or mixed, got {scenario!r}")
         raise typer.Exit(2)
+    require_extra("bench", "ocrserve bench (the report's plot and quality check)")
     found = documents_or_exit(corpus)
     documents = load_documents(found)
     run = Run(
@@ -557,6 +558,8 @@ def capacity(
 
         ocrserve capacity --rate 3 --p95 2 --a 0.2 --b 0.15 --max-batch 2 --plot p95.png
     """
+    if plot:
+        require_extra("bench", "ocrserve capacity --plot")
     model = _model(from_bench, a, b, max_batch)
     count = replicas(rate, model.max_rate, utilization)
     while True:

@@ -12,6 +12,7 @@ import yaml
 from rich.console import Console
 
 from ocrserve.config import Config, ConfigError, load_config
+from ocrserve.extras import MissingExtra, require
 from ocrserve.inputs import collect_documents
 
 err_console = Console(stderr=True)
@@ -32,6 +33,19 @@ SetFiles = Annotated[
         help="Apply a YAML overlay of keys (e.g. recommended.yaml from `ocrserve bench`) before --set (repeatable)",
     ),
 ]
+
+
+def require_extra(extra: str, purpose: str) -> None:
+    """Check an extra before a command starts its work (:func:`ocrserve.extras.require`).
+
+    Raises:
+        typer.Exit: the extra is not installed (status 2; the line names it and its ``pip install``).
+    """
+    try:
+        require(extra, purpose)
+    except MissingExtra as exc:
+        err_console.print(f"error: {exc}", highlight=False, markup=False, style="bold red")
+        raise typer.Exit(2) from None
 
 
 def overlay_overrides(paths: list[Path]) -> list[str]:

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ocrserve.cli.common import Overrides, err_console, load_or_exit
+from ocrserve.cli.common import Overrides, err_console, load_or_exit, require_extra
 from ocrserve.client import OcrClient, RequestFailed
 from ocrserve.config import Config
 from ocrserve.errors import Problem
@@ -251,6 +251,7 @@ def debug(
 
         ocrserve debug scan.png --compare http://ocr.internal:8000      # model or serving?
     """
+    require_extra("debug", "ocrserve debug")
     _check_file(file)
     config = load_or_exit(profile, [*(overrides or []), *([f"engine.model={model}"] if model else [])])
     if config.engine.kind != "transformers":

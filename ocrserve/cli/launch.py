@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 from typing import Annotated
 
 import typer
@@ -13,6 +14,7 @@ from ocrserve.cli.common import Overrides, SetFiles, err_console, load_or_exit, 
 from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config, profile_path
 from ocrserve.engines import create_engine
+from ocrserve.extras import MissingExtra
 from ocrserve.gpu.launcher import (
     AddressTaken,
     VllmStartError,
@@ -27,6 +29,7 @@ from ocrserve.gpu.launcher import (
 from ocrserve.gpu.planner import Plan, PlanError
 from ocrserve.gpu.registry import GpuError, NoGpuFound
 from ocrserve.models import ModelError
+from ocrserve.store import check_store
 
 #: The GPU a dry run plans for on a machine without one (unless ``vllm.gpu`` names another).
 DRY_RUN_GPU = "H100 80G"
@@ -88,19 +91,39 @@ def launch(
         + "".join(f"\n  --set {escape(item)}" for item in user_sets),
         soft_wrap=True,
     )
+    _check_installed(config, dry_run)
     if manages_vllm(config):
         _launch_with_vllm(config, dry_run, user_sets)
         return
-    try:
-        create_engine(config)  # loads nothing: a bad engine section fails here, not in the server
-    except ValueError as exc:
-        raise _fail(exc, 2) from None
     typer.echo("gateway: " + shlex.join(gateway_command(config, user_sets)))
     if not dry_run:
         try:
             run_gateway(config)
         except AddressTaken as exc:
             raise _fail(exc) from None
+
+
+def _check_installed(config: Config, dry_run: bool) -> None:
+    """What the servers will need, checked before either starts: the engine's section and extra
+    (a gateway in front of a vLLM it starts is checked once planned), the store's extra, and for
+    a real start the ``vllm`` executable.
+
+    Raises:
+        typer.Exit: status 2, the one line that names what is missing.
+    """
+    try:
+        if not manages_vllm(config):
+            create_engine(config)  # loads nothing: a bad engine section fails here, not in the server
+        check_store(config.store)
+    except (ValueError, MissingExtra) as exc:
+        raise _fail(exc, 2) from None
+    executable = config.vllm.executable
+    if manages_vllm(config) and not dry_run and shutil.which(executable) is None:
+        raise _fail(
+            f"vllm.executable {executable!r} is not on PATH: install vLLM beside ocrserve (pip install "
+            "'ocrserve[vllm]') or --set vllm.executable=PATH; --dry-run plans without it",
+            2,
+        )
 
 
 def _launch_with_vllm(config: Config, dry_run: bool, user_sets: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ocrserve.config import Config
 from ocrserve.engines.base import Engine
+from ocrserve.extras import MissingExtra, require
 
 
 def create_engine(config: Config) -> Engine:
@@ -24,10 +25,11 @@ def create_engine(config: Config) -> Engine:
         return VllmEngine(config)
     if kind == "transformers":
         try:
+            require("debug", "engine.kind=transformers")
             from ocrserve.engines.transformers import TransformersEngine
-        except ImportError as exc:
-            raise ValueError(
-                f"engine.kind=transformers needs torch and transformers>=5.13: pip install 'ocrserve[debug]' ({exc})"
-            ) from None
+        except MissingExtra as exc:
+            raise ValueError(str(exc)) from None
+        except ImportError as exc:  # installed, yet broken (a torch built for another platform, ...)
+            raise ValueError(f"engine.kind=transformers: {exc}") from None
         return TransformersEngine(config)
     raise ValueError(f"engine.kind={kind!r} is not available in this installation")

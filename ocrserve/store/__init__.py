@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ocrserve.config import StoreConfig
+from ocrserve.extras import require
 from ocrserve.store.base import JobStore
 from ocrserve.store.sqlite_store import SqliteStore
 
@@ -26,15 +27,34 @@ def sqlite_path(url: str, data_dir: Path) -> Path:
     return Path(url[len("sqlite:///") :])
 
 
+def check_store(cfg: StoreConfig) -> None:
+    """Fail as :func:`open_store` would, without opening anything: for a command to check before it
+    starts a server.
+
+    Raises:
+        ValueError: an unknown URL scheme (the message names ``store.url``).
+        ocrserve.extras.MissingExtra: a Redis URL without the ``redis`` extra (redis-py).
+    """
+    if _is_redis(cfg.url):
+        require("redis", "a Redis store.url")
+    else:
+        sqlite_path(cfg.url, cfg.data_dir)
+
+
 def open_store(cfg: StoreConfig) -> JobStore:
     """The store ``cfg.url`` names (created on first use).
 
     Raises:
         ValueError: an unknown URL scheme (the message names ``store.url``).
-        ImportError: a redis:// URL without redis-py installed (``pip install 'ocrserve[redis]'``).
+        ocrserve.extras.MissingExtra: a Redis URL without the ``redis`` extra (redis-py).
     """
-    if cfg.url.startswith(("redis://", "rediss://", "unix://")):
+    check_store(cfg)
+    if _is_redis(cfg.url):
         from ocrserve.store.redis_store import RedisStore  # redis-py is an optional extra
 
         return RedisStore(cfg.url, prefix=cfg.key_prefix)
     return SqliteStore(sqlite_path(cfg.url, cfg.data_dir))
+
+
+def _is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))

@@ -1,0 +1,51 @@
+"""What a test needs beyond the ``test`` extra — a Debian program — found or skipped with the
+reason that names how to get it.
+
+``OCRSERVE_TEST_WITHOUT`` (comma-separated program names, e.g. ``redis-server,chromium``) makes
+these look-ups report the programs named as absent. CI's first run sets it for the programs its
+machine has installed but a fresh machine lacks, so that README's test command is shown to skip,
+with its reason, every test that needs one (``.ci/run``); the look-up code path is the one a
+fresh machine takes, only its answer differs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+#: The environment variable naming the programs to treat as absent.
+WITHOUT_ENV = "OCRSERVE_TEST_WITHOUT"
+
+
+def hidden(name: str) -> bool:
+    """Whether ``OCRSERVE_TEST_WITHOUT`` names the program ``name``."""
+    return name in {item.strip() for item in os.environ.get(WITHOUT_ENV, "").split(",")}
+
+
+def which(name: str) -> str | None:
+    """``shutil.which(name)``, None for a program that ``OCRSERVE_TEST_WITHOUT`` hides."""
+    return None if hidden(name) else shutil.which(name)
+
+
+def program(name: str, package: str | None = None) -> str:
+    """The path of the program ``name``; skips the test where it is absent.
+
+    Args:
+        name: the executable's name on ``PATH``.
+        package: the Debian package that installs it (default: ``name``).
+    """
+    path = which(name)
+    if path is None:
+        pytest.skip(f"{name} not found (Debian: apt-get install -y {package or name})")
+    return path
+
+
+def file(path: Path, package: str) -> Path:
+    """``path``, a program installed at a fixed place (``/usr/bin/chromium``); skips the test where it
+    is absent, or hidden by its file name."""
+    if hidden(path.name) or not path.exists():
+        pytest.skip(f"no {path.name} at {path} (Debian: apt-get install -y {package})")
+    return path

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.resources import files
@@ -177,7 +177,17 @@ class ServerConfig(Section):
         description="Proxies whose X-Forwarded-For / Forwarded headers give the client's address (rate limits use "
         "it); empty = none, the address is the TCP peer's",
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info", description="Least severe log lines written, for ocrserve's and uvicorn's loggers"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: time, level, logger, [request id], message a line; json: one JSON object a line "
+        "(time, level, logger, request_id, message and the record's extra fields)",
+    )
+    log_probes: bool = Field(
+        False, description="Keep the access log's lines of /healthz, /readyz and /metrics (dropped by default)"
+    )
 
     def key_entries(self) -> list[ApiKey]:
         """Every entry of :attr:`api_keys` as an :class:`ApiKey`."""
@@ -781,6 +791,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"--set expects key=value, got {item!r}")
     return key.strip().split("."), _yaml_value(raw, f"--set {key.strip()}")
+
+
+def dedupe_overrides(overrides: Sequence[str]) -> list[str]:
+    """``key=value`` items (``--set``) with each key once: its last value, at the place of its last
+    occurrence, so that an item still applies after an earlier one it refines, as before."""
+    last = {item.partition("=")[0].strip(): n for n, item in enumerate(overrides)}
+    return [item for n, item in enumerate(overrides) if last[item.partition("=")[0].strip()] == n]
 
 
 def assign(tree: dict, path: list[str], value: Any) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import math
 import time
@@ -71,6 +72,8 @@ class Ticket:
             order between equal priorities (:meth:`Lane.tag`; the last breaks ties between tries
             of one page).
         task: the engine call once dispatched.
+        context: the submitter's context variables (its request id, for log lines): the engine
+            call runs in a copy of them.
     """
 
     page: Page
@@ -83,6 +86,7 @@ class Ticket:
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
     started: float = 0.0
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     @property
     def lane(self) -> Lane:
@@ -521,7 +525,7 @@ class Router:
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
-        ticket.task = asyncio.create_task(self._run(ticket))
+        ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running.add(ticket.task)
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
         ticket.task.add_done_callback(lambda task: self._finished(ticket, task))

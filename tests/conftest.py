@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -81,11 +82,13 @@ TEST_OVERRIDES = ("preprocess.workers=1", "router.calibrate=false")
 
 
 class Gateway(LocalGateway):
-    """The gateway under test (:data:`TEST_OVERRIDES`); logs shown with OCRSERVE_TEST_LOGS=1."""
+    """The gateway under test (:data:`TEST_OVERRIDES`); logs shown with OCRSERVE_TEST_LOGS=1, or
+    appended to ``log_file`` for the test to read."""
 
-    def __init__(self, *overrides: str, profile: str = "local", env: dict | None = None):
+    def __init__(self, *overrides: str, profile: str = "local", env: dict | None = None, log_file: Path | None = None):
         log = None if os.environ.get("OCRSERVE_TEST_LOGS") else subprocess.DEVNULL
-        super().__init__(*TEST_OVERRIDES, *overrides, profile=profile, env=env, log=log)
+        with open(log_file, "ab") if log_file else contextlib.nullcontext(log) as out:  # the child keeps its copy
+            super().__init__(*TEST_OVERRIDES, *overrides, profile=profile, env=env, log=out)
 
 
 @pytest.fixture(scope="session")

@@ -80,8 +80,14 @@ def read_events(http: httpx.Client, job_id: str, last_event_id: int | None = Non
     return events
 
 
-def job_gateway(data_dir, *overrides: str) -> Gateway:
-    """A gateway (not yet ready) keeping its jobs in ``data_dir``, with quick polls and leases."""
+def job_gateway(data_dir, *overrides: str, log_file=None) -> Gateway:
+    """A gateway (not yet ready) keeping its jobs in ``data_dir``, with quick polls and leases; its
+    log appended to ``log_file`` if given."""
     return Gateway(
-        f"store.data_dir={data_dir}", "jobs.poll_interval_s=0.1", "jobs.lease_s=2", "jobs.events_poll_s=0.1", *overrides
+        f"store.data_dir={data_dir}",
+        "jobs.poll_interval_s=0.1",
+        "jobs.lease_s=2",
+        "jobs.events_poll_s=0.1",
+        *overrides,
+        log_file=log_file,
     )

@@ -4,11 +4,13 @@ SQLite store (or a second gateway on the same Redis) finishes it, each page exac
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import httpx
 import pytest
 
+from tests.conftest import wait_for
 from tests.jobs_util import job_gateway, metric, numbered_tiff, page_number, read_events, wait_job
 from tests.redis_server import redis_url  # noqa: F401  (fixture)
 
@@ -37,20 +39,26 @@ def test_sqlite_job_survives_kill_9_and_restart(tmp_path):
     first = job_gateway(tmp_path).wait_ready()
     try:
         with httpx.Client(base_url=first.url, timeout=60) as client:
-            response = client.post("/v1/jobs", files={"file": ("twenty.tif", numbered_tiff(PAGES))})
+            files = {"file": ("twenty.tif", numbered_tiff(PAGES))}
+            response = client.post("/v1/jobs", files=files, headers={"X-Request-ID": "durable-1"})
             job_id = response.json()["id"]
             wait_job(client, job_id, until=lambda s: s["pages_done"] >= 3)
             held = metric(client, "ocrserve_jobs_pages_in_flight")
     finally:
         kill_group(first)
     assert held >= 1  # pages were claimed and unfinished when the gateway died
-    second = job_gateway(tmp_path).wait_ready()
+    log = tmp_path / "second.log"
+    second = job_gateway(tmp_path, log_file=log).wait_ready()
     try:
         with httpx.Client(base_url=second.url, timeout=60) as client:
             assert client.get(f"/v1/jobs/{job_id}").json()["pages_done"] < PAGES
             wait_job(client, job_id)
             assert_each_page_once(client, job_id)
             assert metric(client, "ocrserve_jobs_claims_total", kind="again") >= 1  # lapsed leases re-claimed
+        # one warning names the job, its pages claimed again and the request that created the job
+        warning = re.compile(rf"WARNING \S+ \[durable-1\] job {job_id}: (\d+) page\(s\) claimed again after")
+        found = wait_for(lambda: warning.findall(log.read_text()), timeout=30)
+        assert len(found) == 1 and int(found[0]) >= 1, log.read_text()
     finally:
         second.stop()
 

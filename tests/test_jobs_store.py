@@ -80,13 +80,18 @@ async def test_claim_order_priority_then_age_then_page(store):
 
 
 async def test_lapsed_lease_is_claimed_again_and_old_holder_learns_it(store):
-    job, _ = await store.create(make_job(1))
+    job = make_job(1)
+    job.request_id = "req-1"
+    job, _ = await store.create(job)
+    assert (await store.get(job.id)).request_id == "req-1"  # kept with the job, for the worker's log lines
     (first,) = await store.claim("a", 1, 0.3)
+    assert first.lapsed_from == ""
     assert await store.claim("b", 1, LEASE) == []  # leased
     assert await store.renew([first], 0.3) == []  # renewing keeps it
     await asyncio.sleep(0.45)
     (second,) = await store.claim("b", 1, LEASE)
     assert (second.seq, second.attempts) == (0, 2) and second.token != first.token
+    assert second.lapsed_from == "a"  # whose lease lapsed: the worker's warning names it
     assert await store.renew([first, second], LEASE) == [first]  # a lost it
     assert not await store.retry_later(first, 0)  # a stale claim cannot requeue
 

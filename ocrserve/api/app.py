@@ -16,9 +16,11 @@ from ocrserve.api.auth import Gate, ProtectOps, ops_paths
 from ocrserve.api.limits import BodyLimitMiddleware
 from ocrserve.api.observe import MetricsMiddleware
 from ocrserve.api.ratelimit import RateLimitHeaders
+from ocrserve.api.requestid import RequestIdMiddleware
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.jobs.runtime import Jobs
+from ocrserve.logs import redact_url
 from ocrserve.preprocess import Preprocessor
 from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import Router
@@ -45,7 +47,49 @@ async def _warm_up(app: FastAPI) -> None:
         await _calibrate(state)
     state.warm = True
     metrics.ENGINE_READY.set(1)
-    log.info("engine %s ready with %d slots", state.engine.model, state.engine.slots)
+    _log_ready(state)
+
+
+def _log_ready(state) -> None:
+    """The one line that says the gateway is ready (``/readyz`` turns 200) and what it serves; in
+    JSON lines its parts are fields too."""
+    config: Config = state.config
+    server, router = config.server, state.router
+    url = f"http://{server.host}:{server.port}"
+    lanes = (
+        f"lanes (fast: up to {config.router.fast.max_pages} pages, queue {config.router.fast.queue_pages}; "
+        f"bulk: queue {config.router.bulk.queue_pages})"
+        if config.router.mode == "lanes"
+        else f"one fifo queue of {config.router.bulk.queue_pages}"
+    )
+    store = state.jobs.store
+    path = getattr(store, "path", None)
+    where = (
+        f"sqlite {path}"
+        if path is not None
+        else f"redis {redact_url(config.store.url)} (prefix {config.store.key_prefix})"
+    )
+    log.info(
+        "ready on %s: profile %s, engine %s %s, %d slots (%d pages in flight), router %s, jobs in %s",
+        url,
+        config.profile,
+        config.engine.kind,
+        state.engine.model,
+        state.engine.slots,
+        router.capacity,
+        lanes,
+        where,
+        extra={
+            "url": url,
+            "profile": config.profile,
+            "engine": config.engine.kind,
+            "model": state.engine.model,
+            "slots": state.engine.slots,
+            "in_flight": router.capacity,
+            "router": config.router.mode,
+            "store": where,
+        },
+    )
 
 
 async def _calibrate(state) -> None:
@@ -89,12 +133,21 @@ async def lifespan(app: FastAPI):
         state.preprocessor.close()
 
 
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with :class:`~ocrserve.api.requestid.RequestIdMiddleware` around
+    all of it, Starlette's error middleware included, so a 500 has its request id too."""
+
+    def build_middleware_stack(self):
+        """Starlette's middleware stack, inside the request id's."""
+        return RequestIdMiddleware(super().build_middleware_stack())
+
+
 def create_app(config: Config) -> FastAPI:
     """The gateway for ``config``; the engine loads when the app starts (ASGI lifespan)."""
     # python-multipart logs a WARNING per malformed part header: a client's fault, answered 400,
     # not the operator's news (a fuzzing run wrote 836 such lines in 12,246 requests).
     logging.getLogger("python_multipart").setLevel(logging.ERROR)
-    app = FastAPI(
+    app = GatewayApp(
         title="ocrserve",
         version=__version__,
         summary="Document OCR over REST: text with line boxes, per page.",

@@ -7,7 +7,7 @@ import json
 
 from ocrserve import heap
 from ocrserve.alarm import within
-from ocrserve.api.problems import count_too_large
+from ocrserve.api.problems import count_too_large, problem_body
 from ocrserve.errors import PayloadTooLarge, RequestTimeout
 
 
@@ -85,7 +85,7 @@ class BodyLimitMiddleware:
     async def _refuse(self, send) -> None:
         count_too_large()
         problem = self._problem()
-        body = json.dumps(problem.to_dict()).encode()
+        body = json.dumps(problem_body(problem)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -1,4 +1,9 @@
-"""RFC 9457 problem-details responses for every error the gateway returns."""
+"""RFC 9457 problem-details responses for every error the gateway returns.
+
+Every body carries the request's id as the extension member ``request_id`` (RFC 9457 section 3.2),
+the value of its ``X-Request-ID`` response header, so that a client's report of an error leads to
+the gateway's log lines about it.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +17,33 @@ from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
 from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem, TooManyRequests
+from ocrserve.logs import current_request_id
 from ocrserve.store.health import FAULT_TYPES
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 
 
+def with_request_id(body: dict) -> dict:
+    """A problem body with the current request's ``request_id`` member (none outside a request)."""
+    request_id = current_request_id()
+    return {**body, "request_id": request_id} if request_id else body
+
+
+def problem_body(problem: Problem) -> dict:
+    """The problem-details body of ``problem`` for the current request (:func:`with_request_id`)."""
+    return with_request_id(problem.to_dict())
+
+
 def problem_response(problem: Problem) -> JSONResponse:
     """``application/problem+json`` response for ``problem``, with its extra headers."""
-    return JSONResponse(problem.to_dict(), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON)
+    return JSONResponse(
+        problem_body(problem), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON
+    )
 
 
 def _generic(status: int, title: str, detail: str, slug: str, headers: dict | None = None) -> JSONResponse:
-    body = {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail}
+    body = with_request_id({"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail})
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 

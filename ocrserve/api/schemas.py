@@ -66,3 +66,6 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
+    request_id: str | None = Field(
+        None, description="The request's id, as in its X-Request-ID response header and the gateway's log lines"
+    )

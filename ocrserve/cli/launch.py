@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ocrserve.cli.common import Overrides, SetFiles, err_console, load_or_exit, overlay_overrides
 from ocrserve.cli.plan_render import render_table
-from ocrserve.config import Config, profile_path
+from ocrserve.config import Config, dedupe_overrides, profile_path
 from ocrserve.engines import create_engine
 from ocrserve.extras import MissingExtra
 from ocrserve.gpu.launcher import (
@@ -77,7 +77,7 @@ def launch(
 
         ocrserve launch --profile prod --set engine.vllm.base_urls=\\[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
-    user_sets = overlay_overrides(set_file or []) + list(set_ or [])
+    user_sets = dedupe_overrides(overlay_overrides(set_file or []) + list(set_ or []))
     overrides = list(user_sets)
     if host is not None:
         overrides.append(f"server.host={host}")

@@ -41,10 +41,11 @@ import uvicorn
 from ocrserve import backoff
 from ocrserve.api import create_app
 from ocrserve.api.protocol import GatewayProtocol
-from ocrserve.config import Config, VllmConfig
+from ocrserve.config import Config, VllmConfig, dedupe_overrides
 from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
+from ocrserve.logs import logging_config
 from ocrserve.models import get_model
 
 #: Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before connections close.
@@ -74,7 +75,7 @@ def manages_vllm(config: Config) -> bool:
 def gateway_command(config: Config, overrides: Sequence[str] = ()) -> list[str]:
     """The gateway's equivalent command line, for ``--dry-run`` and logs: the profile, address,
     the ``--set`` ``overrides`` it was given and, for vLLM, the servers it would reach, so that it
-    runs alone against them."""
+    runs alone against them. Each key is set once, to its last value (:func:`dedupe_overrides`)."""
     args = [
         "ocrserve",
         "launch",
@@ -85,28 +86,30 @@ def gateway_command(config: Config, overrides: Sequence[str] = ()) -> list[str]:
         "--port",
         str(config.server.port),
     ]
-    for item in overrides:
-        args += ["--set", item]
+    items = list(overrides)
     client = config.engine.vllm
     if config.engine.kind == "vllm" and client.base_urls:
-        args += [
-            "--set",
+        items += [
             f"engine.vllm.base_urls=[{','.join(client.base_urls)}]",
-            "--set",
             f"engine.vllm.slots_per_replica={client.slots_per_replica}",
         ]
+    for item in dedupe_overrides(items):
+        args += ["--set", item]
     return args
 
 
 def uvicorn_config(config: Config) -> uvicorn.Config:
-    """uvicorn settings of the gateway for ``config``: its app, address, log level, drain time, the
-    proxies trusted for the client's address (``server.forwarded_allow_ips``), and the HTTP protocol
-    with the ``server.header_timeout_s`` deadline and ``server.max_header_kb`` limit on headers."""
+    """uvicorn settings of the gateway for ``config``: its app, address, log (``server.log_level``,
+    ``server.log_format``, ``server.log_probes``: :func:`ocrserve.logs.logging_config`), drain time,
+    the proxies trusted for the client's address (``server.forwarded_allow_ips``), and the HTTP
+    protocol with the ``server.header_timeout_s`` deadline and ``server.max_header_kb`` limit on headers."""
+    server = config.server
     return uvicorn.Config(
         create_app(config),
         host=config.server.host,
         port=config.server.port,
         log_level=config.server.log_level,
+        log_config=logging_config(server.log_level, server.log_format, server.log_probes),
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: any local client could then pick
         # the address its rate limits are counted against

@@ -25,6 +25,7 @@ from ocrserve import metrics
 from ocrserve.config import Config
 from ocrserve.errors import BadRequest
 from ocrserve.jobs.webhooks import check_webhook_url
+from ocrserve.logs import current_request_id
 from ocrserve.preprocess import Preprocessor
 from ocrserve.store.base import JobStore
 from ocrserve.store.cache import DedupCache
@@ -191,6 +192,7 @@ class Intake:
             request_hash=hashlib.sha256(request.encode()).hexdigest(),
             deadline=created + terms["timeout"] if terms["timeout"] else 0.0,
             tenant=tenant,
+            request_id=current_request_id(),
         )
         try:
             self.data.adopt(job.id, staged)

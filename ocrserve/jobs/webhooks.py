@@ -38,6 +38,7 @@ from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import BadRequest
 from ocrserve.jobs.results import job_status
+from ocrserve.logs import set_request_id
 from ocrserve.store.base import JobStore
 from ocrserve.store.health import StoreHealth
 from ocrserve.store.records import Job
@@ -167,6 +168,7 @@ class WebhookSender:
             log.error("webhook delivery crashed", exc_info=task.exception())
 
     async def _send(self, job: Job) -> None:
+        set_request_id(job.request_id)  # this task's log lines are about the job's request
         outcome = await self.deliver(job)
         metrics.WEBHOOKS.labels(outcome).inc()
         await self.store.webhook_done(job.id)

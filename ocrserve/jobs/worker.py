@@ -24,6 +24,11 @@ cannot do so forever. An unexpected exception (the decoding processes gone, an e
 pauses this worker's claims, doubling while it recurs, so a broken gateway does not spend the
 attempts of every page in a shared store.
 
+Logs: while a page runs, its job's request id (the ``X-Request-ID`` of the request that created it)
+is the current one (:mod:`ocrserve.logs`), so every line about the page carries it. Pages claimed
+again because their lease lapsed (their gateway crashed or stalled) are reported by one WARNING a
+job, naming it, the pages and that request id, :data:`LAPSED_LOG_S` after the first of them.
+
 Storage faults (see :mod:`ocrserve.store.health`) are reported to the gateway's
 :class:`~ocrserve.store.health.StoreHealth`, not logged per call, and claims wait while it says the
 store fails or the data folder is full. A page whose result the full folder cannot take goes back
@@ -40,12 +45,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocrserve import backoff, metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
 from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
+from ocrserve.logs import set_request_id
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DecodeFailure, Preprocessor
@@ -59,6 +66,19 @@ from ocrserve.work import Deadline, Priority, WorkItem
 log = logging.getLogger(__name__)
 #: Seconds between checks that the engine is ready again, before a claim.
 READY_POLL_S = 0.2
+#: Seconds from the first page of a job claimed again after a lapsed lease to the warning that
+#: counts them: the others, claimed in the same burst, are counted in the same line.
+LAPSED_LOG_S = 2.0
+
+
+@dataclass
+class _Lapsed:
+    """Pages of one job claimed again after their lease lapsed, not yet reported."""
+
+    request_id: str
+    pages: set[int] = field(default_factory=set)
+    owners: set[str] = field(default_factory=set)
+    handle: asyncio.TimerHandle | None = None
 
 
 def retry_delay(attempts: int, cfg: JobsConfig) -> float:
@@ -105,6 +125,7 @@ class Worker:
         self._failures = 0  # unexpected failures in a row; 0 once a page gets through
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
         self._unrecorded: list[tuple[Claim, Attempt, Outcome]] = []  # completions the store did not take
+        self._lapsed: dict[str, _Lapsed] = {}  # by job id: pages claimed again, to report
 
     def wake(self) -> None:
         """Work was submitted here: claim now rather than at the next poll."""
@@ -143,6 +164,8 @@ class Worker:
             for task in list(self._active):
                 task.cancel()
             await asyncio.gather(heartbeat, *self._active, return_exceptions=True)
+            for job_id in list(self._lapsed):
+                self._report_lapsed(job_id)
 
     async def _next_page(self) -> tuple[Claim, Reservation, contextlib.AsyncExitStack]:
         """Wait for working storage (then record what it did not take before), for a ready engine
@@ -217,12 +240,43 @@ class Worker:
         job = await self.store.get(claim.job_id)
         if job is None or job.terminal:
             return  # cancelled (or deleted) after the claim
+        set_request_id(job.request_id)  # this task's log lines are about the job's request
+        if claim.lapsed_from:
+            self._note_lapsed(claim, job)
         attempt = await self._try(claim, job, reservation)
         if attempt.problem is not None and attempt.transient and claim.attempts < self.cfg.max_attempts:
             if await self.store.retry_later(claim, retry_delay(claim.attempts, self.cfg)):
                 metrics.JOB_PAGES.labels("retried").inc()
             return
         await self._complete(claim, attempt)
+
+    def _note_lapsed(self, claim: Claim, job: Job) -> None:
+        """Count a page claimed again after its lease lapsed, for the job's warning
+        (:meth:`_report_lapsed`, :data:`LAPSED_LOG_S` after the first)."""
+        lapsed = self._lapsed.get(job.id)
+        if lapsed is None:
+            lapsed = self._lapsed[job.id] = _Lapsed(job.request_id)
+            lapsed.handle = asyncio.get_running_loop().call_later(LAPSED_LOG_S, self._report_lapsed, job.id)
+        lapsed.pages.add(claim.seq)
+        lapsed.owners.add(claim.lapsed_from)
+
+    def _report_lapsed(self, job_id: str) -> None:
+        """One WARNING for the pages of ``job_id`` claimed again since the last one."""
+        lapsed = self._lapsed.pop(job_id, None)
+        if lapsed is None:
+            return
+        if lapsed.handle is not None:
+            lapsed.handle.cancel()
+        pages = sorted(lapsed.pages)
+        log.warning(
+            "job %s: %d page(s) claimed again after their lease lapsed (held by %s, which crashed or stalled): "
+            "page(s) %s",
+            job_id,
+            len(pages),
+            ", ".join(sorted(lapsed.owners)),
+            ", ".join(str(seq + 1) for seq in pages),
+            extra={"request_id": lapsed.request_id, "job_id": job_id, "pages": len(pages)},
+        )
 
     def work_item(self, job: Job) -> WorkItem:
         """The scheduling terms of ``job``'s pages: the bulk lane, the job's priority mapped to the

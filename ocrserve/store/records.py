@@ -148,6 +148,8 @@ class Job:
         deadline: Unix seconds by which its pages must be done (the submission's ``timeout``), 0 for none.
         tenant: who owns the job (:data:`ANONYMOUS` when the gateway has no API keys); only its
             keys may read or cancel it.
+        request_id: the id of the request that created it (``X-Request-ID``); log lines about
+            its pages carry it ("" for jobs stored before request ids).
     """
 
     id: str
@@ -163,6 +165,7 @@ class Job:
     finished: float = 0.0
     deadline: float = 0.0
     tenant: str = ANONYMOUS
+    request_id: str = ""
 
     @property
     def pages_total(self) -> int:
@@ -204,6 +207,8 @@ class Claim:
         document, index: its document (0-based, within the job) and page within that document.
         attempts: claims of this page so far, this one included.
         token: this claim's random id; renewals and retries must present it.
+        lapsed_from: the owner of the page's previous claim when that claim's lease lapsed (its
+            gateway crashed or stalled), else "" (a first claim, or one after a retry or release).
     """
 
     job_id: str
@@ -212,6 +217,7 @@ class Claim:
     index: int
     attempts: int
     token: str
+    lapsed_from: str = ""
 
 
 @dataclass

@@ -159,8 +159,8 @@ class RedisStore(JobStore):
         tokens = [secrets.token_hex(8) for _ in range(limit)]
         rows = await self._run("claim", owner, lease_s, limit, *tokens)
         return [
-            Claim(job, int(seq), int(doc), int(index), int(attempts), token)
-            for job, seq, doc, index, attempts, token in rows
+            Claim(job, int(seq), int(doc), int(index), int(attempts), token, lapsed_from)
+            for job, seq, doc, index, attempts, token, lapsed_from in rows
         ]
 
     async def renew(self, claims, lease_s):

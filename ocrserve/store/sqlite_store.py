@@ -221,12 +221,21 @@ class SqliteStore(JobStore):
         now = time.time()
         with self._tx() as db:
             rows = db.execute(
-                "SELECT job, seq, document, idx, attempts FROM pages WHERE state IN ('queued', 'running') AND due <= ?"
+                "SELECT job, seq, document, idx, attempts, state, owner FROM pages"
+                " WHERE state IN ('queued', 'running') AND due <= ?"
                 " ORDER BY priority DESC, created, job, seq LIMIT ?",
                 (now, limit),
             ).fetchall()
             claims = [
-                Claim(r["job"], r["seq"], r["document"], r["idx"], r["attempts"] + 1, secrets.token_hex(8))
+                Claim(
+                    r["job"],
+                    r["seq"],
+                    r["document"],
+                    r["idx"],
+                    r["attempts"] + 1,
+                    secrets.token_hex(8),
+                    (r["owner"] or "?") if r["state"] == PageState.RUNNING else "",  # a lapsed lease
+                )
                 for r in rows
             ]
             for claim in claims:

@@ -25,6 +25,7 @@ def assert_problem(response: httpx.Response, status: int, detail_pattern: str) -
     body = response.json()
     assert body["status"] == status and body["type"].startswith("https://") and body["title"]
     assert re.search(detail_pattern, body["detail"]), body["detail"]
+    assert body.get("request_id") == response.headers.get("X-Request-ID")  # none only before the app
     return body
 
 

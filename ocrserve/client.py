@@ -75,6 +75,15 @@ class OcrClient:
     async def __aexit__(self, *exc) -> None:
         await self._http.aclose()
 
+    async def answers(self, timeout: float = 5.0) -> bool:
+        """Whether the gateway answers ``GET /healthz`` at all (any status) within ``timeout``
+        seconds: False when the connection is refused, reset or times out."""
+        try:
+            await self._http.get("/healthz", timeout=timeout)
+        except httpx.TransportError:
+            return False
+        return True
+
     async def _retrying(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
         """``send()`` until it answers below 400, retrying 429/502/503 and connection errors.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from ocrserve.cli.common import documents_or_exit
 from ocrserve.client import idempotency_key
 from ocrserve.inputs import NOT_A_FILE, collect_documents
 from tests import needs
-from tests.conftest import DATA, ground_truth
+from tests.conftest import DATA, Gateway, ground_truth, wait_for
 
 
 def test_documents_are_named_relative_to_the_folder_they_were_found_in(tmp_path):
@@ -101,7 +102,7 @@ def test_cli_out_keeps_subfolders_so_same_names_do_not_collide(gateway, tmp_path
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "wrote 2 result(s)" in done.stderr
+    assert f"2 done, 0 skipped (already in {tmp_path / 'out'}), 0 failed" in done.stderr
     assert (tmp_path / "out" / "a" / "x.tif.txt").read_text().startswith(ground_truth("phototest.tif")[:30])
     assert (tmp_path / "out" / "b" / "x.tif.txt").read_text().startswith("Multipage\nTIFF\nExample\nPage 1")
 
@@ -160,3 +161,92 @@ def test_an_unusable_out_folder_is_one_line_and_exit_2(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "error: --out" in done.stderr and "Traceback" not in done.stderr
+
+
+def _copies(folder: Path, count: int, sample: str = "phototest.tif") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (folder / f"d{i}.tif").write_bytes((DATA / sample).read_bytes())
+    return sorted(folder.iterdir())
+
+
+def _ocr_command(url: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "ocrserve", "ocr", *args, "--url", url]
+
+
+#: Wide enough that Rich wraps no summary line.
+WIDE = {**os.environ, "COLUMNS": "300"}
+
+
+def _last_line(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1]
+
+
+def test_cli_out_run_again_skips_what_is_written_and_redoes_what_changed(gateway, tmp_path):
+    """With --out, a run again skips the results written for the same input and options; a result
+    truncated since, an input whose content changed, and --force are OCR'd again."""
+    _copies(tmp_path / "in", 2)
+    out = tmp_path / "out"
+
+    def run(*extra: str) -> str:
+        command = _ocr_command(gateway.url, str(tmp_path / "in"), "--out", str(out), *extra)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=WIDE)
+        assert done.returncode == 0, done.stderr
+        return _last_line(done.stderr)
+
+    assert run() == f"2 done, 0 skipped (already in {out}), 0 failed"
+    assert run() == f"0 done, 2 skipped (already in {out}), 0 failed"
+    whole = (out / "d0.tif.txt").read_text()
+    (out / "d0.tif.txt").write_text(whole[: len(whole) // 2])  # a result cut short
+    assert run() == f"1 done, 1 skipped (already in {out}), 0 failed"
+    assert (out / "d0.tif.txt").read_text() == whole
+    (tmp_path / "in" / "d1.tif").write_bytes((DATA / "testTIFF_multipage.tif").read_bytes())  # new content
+    assert run() == f"1 done, 1 skipped (already in {out}), 0 failed"
+    assert (out / "d1.tif.txt").read_text().startswith("Multipage")
+    assert run("--format", "json") == f"2 done, 0 skipped (already in {out}), 0 failed"  # other options
+    assert run("--force") == f"2 done, 0 skipped (already in {out}), 0 failed"
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]  # written through renames, none left
+
+
+def test_cli_stops_at_once_with_one_line_when_the_gateway_goes_away(tmp_path):
+    """A gateway killed mid-run: one line naming its URL (not one per document left), the summary
+    counting the documents not attempted as not done, exit status 3."""
+    docs = _copies(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    gw = Gateway().wait_ready()
+    try:
+        command = _ocr_command(gw.url, str(tmp_path / "in"), "--out", str(out), "--concurrency", "1")
+        client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=WIDE)
+        wait_for(lambda: (out / "d0.tif.txt").exists() or client.poll() is not None, timeout=120)
+        os.killpg(gw.proc.pid, signal.SIGKILL)
+        _, stderr = client.communicate(timeout=120)
+    finally:
+        gw.stop()
+    assert client.returncode == 3, stderr
+    gone = [line for line in stderr.splitlines() if "stopped answering" in line]
+    assert len(gone) == 1 and gw.url in gone[0], stderr
+    assert "failed " not in stderr.replace("0 failed", "")  # no line per document
+    summary = _last_line(stderr)
+    written = len(list(out.glob("*.txt")))
+    assert 1 <= written < len(docs)
+    assert summary == (
+        f"{written} done, 0 skipped (already in {out}), 0 failed, {len(docs) - written} not done; "
+        "run the same command again to finish the rest"
+    ), stderr
+
+
+def test_cli_ctrl_c_exits_130_with_the_summary(gateway, tmp_path):
+    docs = _copies(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    command = _ocr_command(gateway.url, str(tmp_path / "in"), "--out", str(out), "--concurrency", "1")
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=WIDE)
+    wait_for(lambda: (out / "d0.tif.txt").exists() or client.poll() is not None, timeout=120)
+    client.send_signal(signal.SIGINT)
+    _, stderr = client.communicate(timeout=60)
+    assert client.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    written = len(list(out.glob("*.txt")))
+    assert _last_line(stderr) == (
+        f"interrupted: {written} done, 0 skipped (already in {out}), 0 failed, {len(docs) - written} not done; "
+        "run the same command again to finish the rest"
+    ), stderr

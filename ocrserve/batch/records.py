@@ -1,4 +1,5 @@
-"""What a batch run leaves under ``--out``: results, their done records, the manifest.
+"""What a batch run (and ``ocrserve ocr --out``) leaves under ``--out``: results, their done
+records, the manifest (batch only).
 
 Layout::
 
@@ -195,7 +196,14 @@ class OutputFolder:
         Raises:
             OSError: a write failed.
         """
-        text = render(result, fmt)
+        self.write_text(entry, render(result, fmt))
+
+    def write_text(self, entry: Entry, text: str) -> None:
+        """:meth:`write` of a result already rendered as ``text``.
+
+        Raises:
+            OSError: a write failed.
+        """
         write_atomic(self.root / entry.output, text)
         if entry.final:
             record = {**asdict(entry), RESULT_SHA256: hashlib.sha256(text.encode()).hexdigest()}

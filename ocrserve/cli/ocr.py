@@ -1,7 +1,10 @@
 """``ocrserve ocr``: send files to a running gateway, with a progress bar.
 
 Synchronously (``POST /v1/ocr``, one request per file; the bar counts documents), or with
-``--async`` as durable jobs: every
+``--async`` as durable jobs. Synchronously with ``--out``, each result is written atomically with
+its done record (:class:`ocrserve.batch.records.OutputFolder`: the input's sha256, format and
+pages), and a run again skips the documents whose result is there as written; every run ends
+with one summary line (done, skipped, failed, not done) and how to resume. With ``--async``, every
 file is submitted first (``POST /v1/jobs``, with an ``Idempotency-Key`` from its sha256 and the
 parameters), then each job is followed over its Server-Sent Events (the bar counts pages) and its
 result written next to its input. Interrupted and run again, it skips the files whose results
@@ -12,23 +15,74 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import httpx
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ocrserve.batch.records import Entry, OutputFolder, page_errors, render, write_atomic
 from ocrserve.cli.common import documents_or_exit, err_console
 from ocrserve.client import OcrClient, RequestFailed, idempotency_key
 
 SUFFIX = {"json": ".json", "text": ".txt", "markdown": ".md"}
 #: Job statuses whose result is worth writing (a partial one carries its failed pages' errors).
 WRITTEN = ("succeeded", "partial")
+#: Exit status when the gateway stops answering mid-run (connection refused or reset, after retries).
+GATEWAY_GONE = 3
+#: Exit status after Ctrl-C (128 + SIGINT).
+INTERRUPTED = 130
 
 
 class JobFailed(Exception):
     """A job ended without a result to write (failed or cancelled)."""
+
+
+class GatewayGone(Exception):
+    """The gateway stopped answering mid-run: a document's request failed on the connection after
+    its retries, and ``GET /healthz`` got no answer either."""
+
+
+@dataclass
+class Tally:
+    """What a synchronous run did so far, counted as each document ends (read after Ctrl-C too).
+
+    Attributes:
+        total: documents of the run.
+        done: results received (written with --out), partial ones included.
+        skipped: results already in --out for the same input and options.
+        failed: documents the gateway refused or failed, or whose result could not be written.
+        retry: done ones with pages failed for a transient reason (written, but done again next run).
+    """
+
+    total: int
+    done: int = 0
+    skipped: int = 0
+    failed: int = 0
+    retry: int = 0
+
+    def line(self, out: Path | None) -> str:
+        """The closing summary, e.g. ``12 done, 30 skipped (already in res), 3 failed; run the same
+        command again to retry the failed``; documents not attempted are ``not done``."""
+        not_done = self.total - self.done - self.skipped - self.failed
+        parts = [f"{self.done} done" + (f" ({self.retry} with pages to retry)" if self.retry else "")]
+        if out is not None:
+            parts.append(f"{self.skipped} skipped (already in {out})")
+        parts.append(f"{self.failed} failed")
+        if not_done:
+            parts.append(f"{not_done} not done")
+        line = ", ".join(parts)
+        todo = [
+            what for what, n in (("retry the failed", self.failed + self.retry), ("finish the rest", not_done)) if n
+        ]
+        if todo and out is not None:
+            line += f"; run the same command again to {' and '.join(todo)}"
+        elif todo:
+            line += "; with --out DIR, a run again skips the documents done"
+        return line
 
 
 def _output_path(doc: Path, name: Path, out: Path | None, fmt: str) -> Path:
@@ -39,8 +93,7 @@ def _output_path(doc: Path, name: Path, out: Path | None, fmt: str) -> Path:
 
 
 def _write(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    write_atomic(target, text)
 
 
 def _serialize(result: dict | str) -> str:
@@ -52,7 +105,7 @@ def _print_results(docs: dict[Path, Path], outcomes: dict[Path, str | Exception]
     as JSON Lines (one compact object a line, with its ``file``), so ``jq`` reads either. Text and
     markdown: each document after a ``==> FILE <==`` line when there are several (pages within a
     document are separated by a form feed in text)."""
-    done = [doc for doc in docs if not isinstance(outcomes[doc], Exception)]
+    done = [doc for doc in docs if isinstance(outcomes.get(doc), str)]
     for doc in done:
         if fmt == "json" and len(docs) > 1:
             typer.echo(json.dumps({"file": str(doc), **json.loads(outcomes[doc])}, ensure_ascii=False))
@@ -84,26 +137,86 @@ async def _run(
     concurrency: int,
     api_key: str | None,
     pages: str | None,
-) -> dict[Path, str | Exception]:
-    outcomes: dict[Path, str | Exception] = {}
-    limit = asyncio.Semaphore(concurrency)
+    force: bool,
+    tally: Tally,
+    outcomes: dict[Path, str | Exception],
+) -> None:
+    """OCR each document (``concurrency`` at once), filling ``outcomes`` (the rendered result,
+    ``"skipped"`` or the exception) and ``tally`` as each ends. With ``out``, a document whose
+    result is there for the same input and options is skipped (unless ``force``), and each result
+    is written atomically with its done record.
+
+    Raises:
+        GatewayGone: the gateway stopped answering; the documents in flight are abandoned.
+    """
+    folder = OutputFolder(out) if out is not None else None
+    pending = iter(docs)
     with _progress("documents") as progress:
         task = progress.add_task("", total=len(docs))
         async with OcrClient(url, api_key=api_key) as client:
 
             async def one(doc: Path) -> None:
-                async with limit:
+                output = str(_output_path(doc, docs[doc], Path(), fmt))
+                key = await asyncio.to_thread(idempotency_key, doc, format=fmt, pages=pages) if folder else ""
+                if folder and not force and folder.done(output, key):
+                    outcomes[doc] = "skipped"
+                    tally.skipped += 1
+                    return
+                try:
+                    result = await client.ocr(doc, fmt="json", pages=pages)
+                except httpx.TransportError as exc:
+                    if not await client.answers():
+                        raise GatewayGone(f"{exc or type(exc).__name__}") from exc
+                    outcomes[doc] = exc
+                    tally.failed += 1
+                    return
+                entry = Entry(str(doc), output, "succeeded", key=key)
+                outcomes[doc] = _keep(result, fmt, folder, entry)
+                tally.done += 1
+                tally.retry += folder is not None and not entry.final
+
+            async def worker() -> None:
+                for doc in pending:
                     try:
-                        text = _serialize(await client.ocr(doc, fmt=fmt, pages=pages))
-                        if out:
-                            _write(_output_path(doc, docs[doc], out, fmt), text)
-                        outcomes[doc] = text
-                    except (RequestFailed, OSError, Exception) as exc:  # report every failure, keep going
+                        await one(doc)
+                    except GatewayGone:
+                        raise
+                    except Exception as exc:  # report every failure (refused, failed, not written), keep going
                         outcomes[doc] = exc
+                        tally.failed += 1
                     progress.update(task, advance=1, description=doc.name)
 
-            await asyncio.gather(*(one(d) for d in docs))
-    return outcomes
+            workers = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(docs)))]
+            try:
+                finished, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+                for work in finished:
+                    work.result()  # GatewayGone, if that is how it ended
+            finally:
+                for work in workers:
+                    work.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+
+
+def _keep(result: dict, fmt: str, folder: OutputFolder | None, entry: Entry) -> str:
+    """``result`` rendered as ``fmt``, written under ``folder`` (when given) at ``entry.output``
+    with its done record when no page failed for a transient reason.
+
+    Raises:
+        RequestFailed: every page failed (nothing written; the first page's problem).
+        OSError: the write failed.
+    """
+    pages = result["pages"]
+    errors = page_errors(pages)
+    if pages and len(errors) == len(pages):
+        raise RequestFailed(pages[0]["error"].get("status") or 500, pages[0]["error"])
+    text = render(result, fmt)
+    if folder is not None:
+        entry.status = "partial" if errors else "succeeded"
+        entry.pages, entry.errors = len(pages), errors
+        entry.seconds = float(result.get("usage", {}).get("seconds", 0.0))
+        entry.engine = result.get("model", "")
+        folder.write_text(entry, text)
+    return text
 
 
 def _progress(unit: str) -> Progress:
@@ -128,13 +241,14 @@ async def _run_jobs(
     api_key: str | None,
     pages: str | None,
     priority: int | None,
+    force: bool = False,
 ) -> dict[Path, str | Exception]:
     """Submit every document as a job, then follow each and write its result; returns what happened
-    to each (``"written"``, ``"skipped"``, or the exception)."""
+    to each (``"written"``, ``"skipped"`` (its result exists; not with ``force``), or the exception)."""
     outcomes: dict[Path, str | Exception] = {}
     todo = []
     for doc in docs:
-        if _output_path(doc, docs[doc], out, fmt).exists():
+        if not force and _output_path(doc, docs[doc], out, fmt).exists():
             outcomes[doc] = "skipped"
         else:
             todo.append(doc)
@@ -201,7 +315,8 @@ def ocr(
         Path | None,
         typer.Option(
             metavar="DIR",
-            help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are kept).",
+            help="Write <name>.<txt|json|md> here instead of printing (subfolders of a directory argument are "
+            "kept); a run again skips the results already there (see --force).",
         ),
     ] = None,
     pages: Annotated[str | None, typer.Option(metavar="RANGES", help="Page ranges, e.g. 1-3,5.")] = None,
@@ -218,6 +333,13 @@ def ocr(
         ),
     ] = False,
     priority: Annotated[int | None, typer.Option(min=0, help="With --async: job priority (higher runs first).")] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="OCR every document again, even those whose result is already written (in --out, or with --async).",
+        ),
+    ] = False,
 ) -> None:
     """OCR files through a running gateway (start one with `ocrserve launch`).
 
@@ -225,13 +347,24 @@ def ocr(
     result as JSON and several as JSON Lines (one object a line, with its "file"), so `jq` reads
     either; text and markdown put a `==> FILE <==` line before each of several documents, and text
     separates a document's pages with a form feed. The bar counts documents (pages with --async).
-    Exit status: 0 all done, 1 some failed, 2 bad arguments or no gateway at --url.
+
+    With --out, a run again (after Ctrl-C, failures, new files) skips each document whose result is
+    already there for the same file content, --format and --pages (written whole, with a done
+    record under DIR/.ocrserve-batch; a result edited since is made again); --force redoes them.
+    Every run ends with one line on stderr: done, skipped, failed, not done, and how to resume.
+
+    Exit status: 0 all done or skipped, 1 some failed, 2 bad arguments or no gateway at --url,
+    3 the gateway stopped answering mid-run (the rest is not done), 130 Ctrl-C.
 
     Examples:
 
         ocrserve ocr examples/phototest.tif
 
         ocrserve ocr scans/ --format json --out results/
+
+        ocrserve ocr scans/ --format json --out results/     # again: skips what is done, does the rest
+
+        ocrserve ocr scans/ --format json --out results/ --force   # OCR everything again
 
         ocrserve ocr scans/ --format json | jq -r '.file + ": " + (.usage.pages|tostring)'
 
@@ -251,16 +384,27 @@ def ocr(
             raise typer.Exit(2) from None
     _check_reachable(url)
     if async_:
-        _report_jobs(asyncio.run(_run_jobs(docs, url, format, out, concurrency, api_key, pages, priority)))
-    outcomes = asyncio.run(_run(docs, url, format, out, concurrency, api_key, pages))
+        _report_jobs(asyncio.run(_run_jobs(docs, url, format, out, concurrency, api_key, pages, priority, force)))
+    tally, outcomes = Tally(len(docs)), {}
+    status, stopped = 0, ""
+    try:
+        asyncio.run(_run(docs, url, format, out, concurrency, api_key, pages, force, tally, outcomes))
+    except GatewayGone as gone:
+        err_console.print(
+            f"[red]error:[/red] the gateway at {escape(url)} stopped answering ({escape(str(gone))}); stopping here.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        status = GATEWAY_GONE
+    except KeyboardInterrupt:
+        status, stopped = INTERRUPTED, "interrupted: "
     failed = {d: o for d, o in outcomes.items() if isinstance(o, Exception)}
     if not out:
         _print_results(docs, outcomes, format)
     for doc, exc in failed.items():
-        err_console.print(f"[red]failed[/red] {doc}: {exc}")
-    if out:
-        err_console.print(f"wrote {len(docs) - len(failed)} result(s) to {out}")
-    raise typer.Exit(1 if failed else 0)
+        err_console.print(f"[red]failed[/red] {escape(str(doc))}: {escape(str(exc))}", highlight=False)
+    err_console.print(escape(stopped + tally.line(out)), highlight=False, soft_wrap=True)  # one line, however wide
+    raise typer.Exit(status or (1 if failed else 0))
 
 
 def _report_jobs(outcomes: dict[Path, str | Exception]) -> None:

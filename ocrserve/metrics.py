@@ -86,6 +86,11 @@ BATCH_SIZE = Histogram(
 VLLM_REPLICA_UP = Gauge(
     "ocrserve_vllm_replica_up", "1 while the replica answers /health and serves the model.", ["replica"]
 )
+VLLM_REPLICA_UP_CHANGED = Gauge(
+    "ocrserve_vllm_replica_up_changed_timestamp_seconds",
+    "Unix time ocrserve_vllm_replica_up last changed (of the first poll while the replica was never up).",
+    ["replica"],
+)
 VLLM_REQUESTS_WAITING = Gauge(
     "ocrserve_vllm_requests_waiting", "vllm:num_requests_waiting of the replica at the last poll.", ["replica"]
 )

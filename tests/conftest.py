@@ -52,10 +52,11 @@ def ground_truth(name: str) -> str:
 class Replica:
     """``ocrserve engine serve --backend onnx`` in its own process group: a real server speaking
     vLLM's OpenAI chat-completions protocol (``/health``, ``/v1/chat/completions``, ``/metrics``)
-    as ``model``, decoding images of at most ``max_page_pixels`` (a bigger one is its 400)."""
+    as ``model``, decoding images of at most ``max_page_pixels`` (a bigger one is its 400), on
+    ``port`` (default: a free one)."""
 
-    def __init__(self, model: str, max_page_pixels: int | None = None):
-        self.port = free_port()
+    def __init__(self, model: str, max_page_pixels: int | None = None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "ocrserve", "engine", "serve", "--backend", "onnx"]
         args += ["--port", str(self.port), "--served-model-name", model, "--set", "preprocess.workers=1"]

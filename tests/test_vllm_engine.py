@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -14,6 +15,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from ocrserve.bench.harness import free_port
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
 from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
@@ -22,6 +24,7 @@ from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
 from tests import samples
 from tests.conftest import DATA, Gateway, Replica, ground_truth, post_then_hang_up, wait_for
+from tests.test_api import assert_problem
 
 MODEL = "tencent/HunyuanOCR"
 #: Decoded pixels a replica accepts per image: below a prod-profile page at its 4.19 Mpx budget,
@@ -308,3 +311,82 @@ def test_vllm_metrics_and_base_urls():
     )
     assert read_vllm_metrics(exposition) == {"waiting": 5.0, "kv_cache_usage": 0.75}
     assert server_root("http://gpu1:8001/v1/") == server_root("http://gpu1:8001") == "http://gpu1:8001"
+
+
+# --- a replica that was up and is gone ---------------------------------------------------------
+
+
+def test_with_its_only_replica_killed_the_503_names_it_and_jobs_wait(tmp_path):
+    """The gateway's only replica is killed: a synchronous request's 503 says which replica is
+    down, since when and why (not "still loading"), with Retry-After from the poll interval;
+    /v1/models shows it down; a job submitted meanwhile is accepted and waits, and finishes once
+    a replica answers on that address again."""
+    replica = Replica(MODEL).wait_healthy()
+    gw = Gateway(
+        f"engine.vllm.base_urls=[{replica.url}]",
+        "engine.vllm.slots_per_replica=2",
+        "engine.vllm.poll_interval_s=0.5",
+        f"store.data_dir={tmp_path}",
+        profile="prod",
+    )
+    try:
+        http = httpx.Client(base_url=gw.wait_ready().url, timeout=120)
+        (entry,) = http.get("/v1/models").json()["data"]
+        (state,) = entry["replicas"]
+        assert state["up"] is True and state["reason"] is None and state["since"].endswith("Z")
+        assert http.get("/readyz").json()["replicas"][0]["up"] is True
+        replica.proc.kill()  # SIGKILL: gone at once, no goodbye
+        replica.proc.wait(30)
+        # the poll that finds it gone may see its keep-alive connection reset; the next ones, refused
+        wait_for(lambda: "(connection refused)" in http.get("/readyz").text)
+        refused = ocr(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif")
+        stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+        body = assert_problem(
+            refused, 503, rf"no vLLM replica is up: {replica.url} down since {stamp} \(connection refused\)"
+        )
+        assert "loading" not in body["detail"] and body["type"].endswith("/engine-down")
+        assert refused.headers["retry-after"] == "1"  # poll_interval_s 0.5, rounded up
+        (state,) = http.get("/v1/models").json()["data"][0]["replicas"]
+        assert state["up"] is False and state["reason"] == "connection refused" and state["since"] in body["detail"]
+        job = http.post("/v1/jobs", files={"file": ("phototest.tif", (DATA / "phototest.tif").read_bytes())})
+        assert job.status_code == 202, job.text
+        time.sleep(2)  # several polls: the job's page waits instead of failing
+        assert http.get(job.headers["location"]).json()["status"] == "queued"
+        replica = Replica(MODEL, port=replica.port).wait_healthy()  # back on the same address
+        done = wait_for(
+            lambda: (s := http.get(job.headers["location"]).json())["status"] not in ("queued", "running") and s
+        )
+        assert done["status"] == "succeeded", done
+        assert ocr(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif").status_code == 200
+    finally:
+        gw.stop()
+        replica.stop()
+
+
+def test_a_replica_never_up_is_still_loading_not_down(tmp_path):
+    """A replica that never answered: the 503 says the engine is still loading and why."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = Gateway(
+        f"engine.vllm.base_urls=[{dead}]",
+        "engine.vllm.slots_per_replica=2",
+        "engine.vllm.poll_interval_s=2",
+        f"store.data_dir={tmp_path}",
+        profile="prod",
+    )
+    try:
+        wait_for(lambda: "connection refused" in _answer(gw.url + "/readyz"))  # polled once at least
+        refused = httpx.post(gw.url + "/v1/ocr", files={"file": ("p.tif", (DATA / "phototest.tif").read_bytes())})
+        body = assert_problem(
+            refused, 503, rf"still loading: no vLLM replica has come up yet: {dead} not up yet \(connection refused;"
+        )
+        assert body["type"].endswith("/engine-unavailable") and refused.headers["retry-after"] == "2"
+    finally:
+        gw.stop()
+
+
+def _answer(url: str) -> str:
+    """The body ``url`` answers with, "" while nothing listens."""
+    try:
+        return httpx.get(url, timeout=2).text
+    except httpx.TransportError:
+        return ""

@@ -17,6 +17,7 @@ from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.schemas import OcrResult
 from ocrserve.api.schemas import Problem as ProblemSchema
 from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, document_file, form_limits, job_uploads
+from ocrserve.engines.base import Unready
 from ocrserve.errors import DeadlinePassed, EngineUnavailable
 
 api = APIRouter(dependencies=[Depends(require_api_key)], route_class=UploadRoute)
@@ -32,8 +33,8 @@ _problem_docs = {
         415: "unsupported or undecodable file",
         422: "the document exhausts or kills its decoding process (memory or time limit)",
         429: "the key's rate limit, or the address's failed authentications; see Retry-After",
-        503: "engine not ready, lane full, the timeout too short for the work ahead (deadline-unmeetable), or "
-        "(Prefer: respond-async) the job store failing; see Retry-After",
+        503: "engine still loading or down (every vLLM replica), lane full, the timeout too short for the work "
+        "ahead (deadline-unmeetable), or (Prefer: respond-async) the job store failing; see Retry-After",
         504: "deadline passed",
         507: "(Prefer: respond-async) the data folder is full: the job cannot be kept",
     }.items()
@@ -41,12 +42,30 @@ _problem_docs = {
 
 
 def require_ready(request: Request) -> None:
-    """Raise 503 with ``Retry-After`` while the engine is still loading, or says why it failed to start."""
+    """Raise 503 with ``Retry-After`` unless the engine takes pages now.
+
+    The detail tells apart an engine that failed to start (``Retry-After: 60``), one still loading
+    (loading, warming up, or none of its vLLM replicas up yet), and one that was ready and is down
+    (every vLLM replica down: which, since when, why); the last two with the engine's
+    ``Retry-After`` (a vLLM replica's poll interval). Jobs are not refused for any of this: their
+    pages wait in the queue for the engine.
+
+    Raises:
+        EngineUnavailable: the engine takes no pages now.
+    """
     state = request.app.state
     if state.engine_error:
         raise EngineUnavailable(f"the OCR engine failed to start: {state.engine_error}", headers={"Retry-After": "60"})
-    if not (state.warm and state.engine.ready):
-        raise EngineUnavailable("the OCR engine is still loading", headers={"Retry-After": "5"})
+    engine = state.engine
+    if state.warm and engine.ready:
+        return
+    why = engine.unready() or Unready(loading=True)  # None: ready, but still warming up (calibration)
+    headers = {"Retry-After": str(why.retry_after_s)}
+    if not why.loading:
+        raise EngineUnavailable(f"the OCR engine is down: {why.detail}", slug="engine-down", headers=headers)
+    raise EngineUnavailable(
+        "the OCR engine is still loading" + (f": {why.detail}" if why.detail else ""), headers=headers
+    )
 
 
 @api.post(
@@ -136,15 +155,17 @@ async def healthz() -> dict:
 )
 async def readyz(request: Request) -> dict:
     """200 once the engine is loaded and warmed up and the job store takes writes (checked every
-    ``store.probe_interval_s``); 503 before, if loading failed, or while the store fails (read-only,
-    I/O errors, full, unreachable), with ``Retry-After``. A full data folder does not make it 503:
-    synchronous OCR still works; job submissions get 507."""
+    ``store.probe_interval_s``), with the vLLM engine's ``replicas`` (each one's ``up``, ``since``,
+    ``reason``, as in ``/v1/models``); 503 before, while every vLLM replica is down, if loading
+    failed, or while the store fails (read-only, I/O errors, full, unreachable), with ``Retry-After``.
+    A full data folder does not make it 503: synchronous OCR still works; job submissions get 507."""
     error = request.app.state.engine_error
     if error:
         raise EngineUnavailable(f"the OCR engine failed to start: {error}")
     require_ready(request)
     request.app.state.jobs.health.require_store()
-    return {"status": "ready", "model": request.app.state.engine.model}
+    engine = request.app.state.engine.describe()
+    return {"status": "ready", "model": engine["id"]} | {k: engine[k] for k in ("replicas",) if k in engine}
 
 
 @ops.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)

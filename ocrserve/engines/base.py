@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ocrserve.pages import Page, PageResult
 from ocrserve.work import Deadline
@@ -27,6 +28,26 @@ class PageError(Exception):
     def __init__(self, message: str, *, transient: bool = False):
         super().__init__(message)
         self.transient = transient
+
+
+#: ``Retry-After`` (seconds) of a 503 while an engine is not ready, unless it knows better.
+NOT_READY_RETRY_AFTER_S = 5
+
+
+@dataclass(frozen=True)
+class Unready:
+    """Why an engine takes no pages now (:meth:`Engine.unready`).
+
+    Attributes:
+        loading: True while it has never been ready (loading, warming up, waiting for its first
+            replica); False when it was ready and is not any more (every replica down).
+        detail: what it waits for, naming the parts at fault ("" when there is nothing to add).
+        retry_after_s: seconds a client should wait before trying again (``Retry-After``).
+    """
+
+    loading: bool
+    detail: str = ""
+    retry_after_s: int = NOT_READY_RETRY_AFTER_S
 
 
 class Engine(abc.ABC):
@@ -87,6 +108,11 @@ class Engine(abc.ABC):
         reports requests waiting or a nearly full KV cache.
         """
         return False
+
+    def unready(self) -> Unready | None:
+        """Why the engine takes no pages now, or None while it is ``ready``. An embedded engine is
+        only ever loading; the vLLM engine names its replicas and how long each has been down."""
+        return None if self.ready else Unready(loading=True)
 
     def describe(self) -> dict:
         """The engine's model and limits, as ``GET /v1/models`` reports them."""

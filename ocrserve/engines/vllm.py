@@ -34,6 +34,12 @@ A background task polls every replica each ``poll_interval_s``: ``/health`` (200
 (vLLM's names, ``vllm/v1/metrics/loggers.py``), which become ocrserve's ``ocrserve_vllm_*`` gauges
 and :attr:`VllmEngine.requests_waiting` / :attr:`VllmEngine.kv_cache_usage` for admission. The
 engine is ``ready`` while at least one replica is up.
+
+Each replica's state carries the wall-clock time it last changed (``since``) and, while down, why
+(``connection refused``, ``/health answered 503``, ...): ``GET /v1/models`` lists them, the 503 of a
+synchronous request while none is up names them (:meth:`VllmEngine.unready`), and
+``ocrserve_vllm_replica_up_changed_timestamp_seconds`` exports the time. A replica that has never
+been up makes the engine "still loading"; one that was up and went down makes it "down".
 """
 
 from __future__ import annotations
@@ -41,8 +47,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import os
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
@@ -51,7 +60,7 @@ from tenacity import retry_if_exception_type
 
 from ocrserve import backoff, metrics
 from ocrserve.config import Config
-from ocrserve.engines.base import Engine, PageError
+from ocrserve.engines.base import Engine, PageError, Unready
 from ocrserve.engines.chat import RepeatWatch, completion_request, image_data_uri, reply_result, retry_sampling
 from ocrserve.errors import DeadlinePassed
 from ocrserve.models import ModelError, get_model
@@ -106,6 +115,10 @@ class Replica:
     Attributes:
         url: server root, ``http://host:port``.
         up: answers ``/health`` and serves the model (as of the last poll or request).
+        since: Unix time (s, wall clock) ``up`` last changed, or of the first poll when it has
+            never been up; None before the first poll.
+        reason: why it is down (``connection refused``, ``/health answered 503``); "" while up.
+        was_up: it has been up since this gateway started.
         models: model ids its ``/v1/models`` listed last.
         outstanding: requests this gateway has in flight there.
         waiting, running: vLLM's queued / running requests at the last poll (all clients).
@@ -114,6 +127,9 @@ class Replica:
 
     url: str
     up: bool = False
+    since: float | None = None
+    reason: str = ""
+    was_up: bool = False
     models: list[str] = field(default_factory=list)
     outstanding: int = 0
     waiting: float = 0.0
@@ -218,13 +234,40 @@ class VllmEngine(Engine):
         if self._client:
             await self._client.aclose()
 
+    def unready(self) -> Unready | None:
+        """None while a replica is up; else which are down, since when and why. ``loading`` while no
+        replica has been up yet. ``retry_after_s``: ``poll_interval_s`` rounded up, within which a
+        replica that is back is found."""
+        if self.ready:
+            return None
+        retry_after = max(1, math.ceil(self.cfg.poll_interval_s))
+        if not any(r.was_up for r in self.replicas):
+            states = "; ".join(
+                f"{r.url} not up yet ({r.reason}; polled since {_utc(r.since)})"
+                if r.since
+                else f"{r.url} not polled yet"
+                for r in self.replicas
+            )
+            return Unready(True, f"no vLLM replica has come up yet: {states}", retry_after)
+        states = "; ".join(
+            f"{r.url} down since {_utc(r.since)} ({r.reason})"
+            if r.was_up
+            else f"{r.url} never up ({r.reason}; polled since {_utc(r.since)})"
+            for r in self.replicas
+        )
+        return Unready(False, f"no vLLM replica is up: {states}", retry_after)
+
     def describe(self) -> dict:
-        """``GET /v1/models`` entry: the base fields plus each replica's state."""
+        """``GET /v1/models`` entry: the base fields plus each replica's state: ``up``, ``since``
+        (ISO 8601 UTC time it last changed; of the first poll while never up), ``reason`` (why
+        it is down; null while up), and its load."""
         return super().describe() | {
             "replicas": [
                 {
                     "url": r.url,
                     "up": r.up,
+                    "since": _utc(r.since) if r.since is not None else None,
+                    "reason": r.reason or None,
                     "outstanding": r.outstanding,
                     "waiting": r.waiting,
                     "kv_cache_usage": r.kv_cache_usage,
@@ -321,7 +364,7 @@ class VllmEngine(Engine):
             metrics.VLLM_REQUESTS.labels(replica.url, "timeout").inc()
             raise PageError(f"{replica.url}: no reply within {timeout:.3g} s", transient=True) from None
         except httpx.TransportError as exc:
-            self._set_up(replica, False)
+            self._set_up(replica, False, _why(exc))
             metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()
             raise _Unavailable(f"{replica.url}: {type(exc).__name__}: {exc}") from None
         finally:
@@ -383,25 +426,30 @@ class VllmEngine(Engine):
         await asyncio.gather(*(self._poll(r) for r in self.replicas))
 
     async def _poll(self, replica: Replica) -> None:
+        reason = ""
         try:
             health = await self._client.get(replica.url + "/health", timeout=PROBE_TIMEOUT_S)
-            up = health.status_code == 200 and (replica.up or await self._serves_model(replica))
-            if up:
+            if health.status_code != 200:
+                reason = f"/health answered {health.status_code}"
+            elif not replica.up:
+                reason = await self._serves_model(replica)
+            if not reason:
                 exposition = await self._client.get(replica.url + "/metrics", timeout=PROBE_TIMEOUT_S)
                 self._record_load(replica, read_vllm_metrics(exposition.text))
         except (httpx.HTTPError, ValueError) as exc:  # ValueError: an unparsable exposition
             log.debug("poll of %s failed: %s", replica.url, exc)
-            up = False
-        self._set_up(replica, up)
+            reason = _why(exc)
+        self._set_up(replica, not reason, reason)
 
-    async def _serves_model(self, replica: Replica) -> bool:
+    async def _serves_model(self, replica: Replica) -> str:
+        """ "" when the replica's ``/v1/models`` lists ``engine.model``, else why not."""
         listing = await self._client.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT_S)
         listing.raise_for_status()
         replica.models = [m.get("id", "") for m in listing.json().get("data", [])]
         if self.model not in replica.models:
             log.warning("%s serves %s, not %s; not sending it pages", replica.url, replica.models, self.model)
-            return False
-        return True
+            return f"serves {', '.join(replica.models) or 'no model'}, not {self.model}"
+        return ""
 
     def _record_load(self, replica: Replica, values: dict[str, float]) -> None:
         replica.waiting = values.get("waiting", 0.0)
@@ -411,10 +459,16 @@ class VllmEngine(Engine):
         metrics.VLLM_REQUESTS_RUNNING.labels(replica.url).set(replica.running)
         metrics.VLLM_KV_CACHE_USAGE.labels(replica.url).set(replica.kv_cache_usage)
 
-    def _set_up(self, replica: Replica, up: bool) -> None:
-        if up != replica.up:
-            log.warning("vLLM replica %s is %s", replica.url, "up" if up else "down")
+    def _set_up(self, replica: Replica, up: bool, reason: str = "") -> None:
+        """Record the replica's state; ``reason``: why it is down."""
+        if up != replica.up or replica.since is None:
+            replica.since = time.time()
+            metrics.VLLM_REPLICA_UP_CHANGED.labels(replica.url).set(replica.since)
+            if up != replica.up:
+                log.warning("vLLM replica %s is %s", replica.url, "up" if up else f"down ({reason})")
         replica.up = up
+        replica.was_up = replica.was_up or up
+        replica.reason = "" if up else reason or "unknown"
         metrics.VLLM_REPLICA_UP.labels(replica.url).set(int(up))
         self.ready = any(r.up for r in self.replicas)
 
@@ -434,6 +488,24 @@ def _slots_per_replica(config: Config) -> int:
             "ocrserve did not launch, set either to their --max-num-seqs"
         )
     return slots
+
+
+def _utc(stamp: float) -> str:
+    """``2026-12-03T14:50:02Z`` for Unix time ``stamp`` (ISO 8601, UTC, whole seconds)."""
+    return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _why(exc: Exception) -> str:
+    """Why a request to a replica failed, in a few words: ``connection refused`` (the socket's
+    errno), ``no answer in time (ReadTimeout)``, or the exception's type and message."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer in time ({type(exc).__name__})"
+    cause: BaseException | None = exc
+    while cause is not None:  # httpx wraps the OSError of the socket (anyio, httpcore)
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno).lower()  # "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -126,8 +126,9 @@ KeyEntry = Annotated[
 
 
 class RateLimitConfig(Section):
-    """Token buckets (RFC 2697's committed rate and burst size) kept in each gateway process's
-    memory: several gateways each allow the full rate."""
+    """Token buckets (RFC 2697's committed rate and burst size): in Redis with the Redis store,
+    shared by every gateway on it (one limit per key); else in each gateway process's memory, where
+    several gateways each allow the full rate."""
 
     requests_per_s: float = Field(
         0.0,

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from ocrserve.config import JobsConfig, StoreConfig
 from ocrserve.jobs.janitor import Janitor
-from ocrserve.store import open_store, redis_store
+from ocrserve.store import buckets, open_store, redis_store
 from ocrserve.store.base import IdempotencyConflict
 from ocrserve.store.files import DataDir
 from ocrserve.store.records import Document, Job, JobStatus, Outcome, PageState
@@ -256,7 +256,7 @@ def test_statuses_are_the_plain_strings_stored_and_dumped():
 
 def test_every_lua_file_is_a_registered_script():
     folder = Path(redis_store.__file__).parent / "lua"
-    assert {p.stem for p in folder.glob("*.lua")} == {redis_store.COMMON, *redis_store.SCRIPTS}
+    assert {p.stem for p in folder.glob("*.lua")} == {redis_store.COMMON, *redis_store.SCRIPTS, buckets.SCRIPT}
     common = (folder / f"{redis_store.COMMON}.lua").read_text()
     store = redis_store.RedisStore("redis://127.0.0.1:1/0")  # registering scripts does not connect
     assert set(store._scripts) == set(redis_store.SCRIPTS)
@@ -270,7 +270,7 @@ def test_every_lua_file_is_a_registered_script():
 async def test_every_lua_script_compiles_on_the_server(redis_url):  # noqa: F811
     client = aioredis.Redis.from_url(redis_url)
     try:
-        for name in redis_store.SCRIPTS:
+        for name in (*redis_store.SCRIPTS, buckets.SCRIPT):
             assert await client.script_load(redis_store.lua_source(name))  # raises on a syntax error
     finally:
         await client.aclose()

@@ -131,6 +131,7 @@ async def lifespan(app: FastAPI):
         metrics.ENGINE_READY.set(0)
         await state.engine.close()
         state.preprocessor.close()
+        await state.gate.close()
 
 
 class GatewayApp(FastAPI):

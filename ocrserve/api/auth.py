@@ -8,6 +8,9 @@ address's failed authentications (``failed_auth_per_s``). An address that used u
 429 for every request, valid key or not, until its bucket refills: a client guessing keys learns
 nothing from answers beyond its allowance. Behind a reverse proxy the address is the proxy's unless
 uvicorn trusts its ``X-Forwarded-For`` (``--forwarded-allow-ips``).
+
+With the Redis store the buckets are in Redis, shared by every gateway on it; with SQLite they are
+in this process's memory (:mod:`ocrserve.api.ratelimit`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 
 from ocrserve.api.problems import problem_response
-from ocrserve.api.ratelimit import Limit, RateLimiter, Verdict, advertise
+from ocrserve.api.ratelimit import Limit, RateLimiter, SharedRateLimiter, Verdict, advertise
 from ocrserve.api.tenants import KeyRing, Principal
 from ocrserve.config import Config
 from ocrserve.errors import Problem, TooManyRequests
+from ocrserve.store import open_buckets
 
 #: ``request.state`` attribute holding the request's :class:`Principal` once authenticated.
 PRINCIPAL_ATTRIBUTE = "principal"
@@ -78,10 +82,15 @@ def client_of(request: Request, fair_by: str) -> str:
 
 
 class Gate:
-    """Authentication and rate limits of one gateway process (its buckets are in memory).
+    """Authentication and rate limits of one gateway process (its buckets in Redis with the Redis
+    store, else in memory).
 
     Args:
-        config: the profile (``server.api_keys``, ``server.rate_limit``, ``jobs.max_queued_pages_per_tenant``).
+        config: the profile (``server.api_keys``, ``server.rate_limit``, ``jobs.max_queued_pages_per_tenant``,
+            ``store.url`` and ``store.key_prefix``).
+
+    Raises:
+        ImportError: a redis:// ``store.url`` without redis-py installed.
     """
 
     def __init__(self, config: Config):
@@ -92,10 +101,16 @@ class Gate:
             if limits.failed_auth_per_s
             else None
         )
-        self.requests = RateLimiter()
-        self.failures = RateLimiter()
+        buckets = open_buckets(config.store)
+        # one SharedRateLimiter holds both policies: its bucket names start with the policy's
+        self.requests = self.failures = SharedRateLimiter(buckets) if buckets else _Local()
 
-    def authenticate(self, request: Request) -> Principal:
+    async def close(self) -> None:
+        """Close the connections to Redis (none with buckets in memory)."""
+        if isinstance(self.requests, SharedRateLimiter):
+            await self.requests.close()
+
+    async def authenticate(self, request: Request) -> Principal:
         """Whom ``request`` acts for; the first call per request checks and counts it, later ones
         return the same principal.
 
@@ -109,19 +124,19 @@ class Gate:
         if known is not None:
             return known
         address = client_address(request)
-        principal = self._identify(request, address) if self.keys else self.keys.anonymous
+        principal = await self._identify(request, address) if self.keys else self.keys.anonymous
         if principal.limit is not None:
-            verdict = self.requests.take(principal.key_sha256 or address, principal.limit)
+            verdict = await self.requests.take(principal.key_sha256 or address, principal.limit)
             advertise(request, verdict)
             if not verdict.allowed:
                 raise _refusal(verdict, principal.limit, "requests of this API key" if self.keys else "requests")
         setattr(request.state, PRINCIPAL_ATTRIBUTE, principal)
         return principal
 
-    def _identify(self, request: Request, address: str) -> Principal:
+    async def _identify(self, request: Request, address: str) -> Principal:
         """The principal of the request's key, counting a failure against ``address``."""
         if self.failed_auth is not None:
-            verdict = self.failures.peek(address, self.failed_auth)
+            verdict = await self.failures.peek(address, self.failed_auth)
             if not verdict.allowed:
                 advertise(request, verdict)
                 raise _refusal(verdict, self.failed_auth, f"failed authentications from {address}")
@@ -131,7 +146,7 @@ class Gate:
             return principal
         headers = {}
         if self.failed_auth is not None:
-            verdict = self.failures.take(address, self.failed_auth)
+            verdict = await self.failures.take(address, self.failed_auth)
             advertise(request, verdict)
             headers = verdict.headers
         if key is None:
@@ -150,16 +165,37 @@ def _refusal(verdict: Verdict, limit: Limit, what: str) -> TooManyRequests:
     )
 
 
+class _Local:
+    """In-memory buckets (:class:`RateLimiter`, one per policy) behind :class:`SharedRateLimiter`'s
+    awaitable interface."""
+
+    def __init__(self):
+        self._limiters: dict[str, RateLimiter] = {}
+
+    async def take(self, identity: str, limit: Limit) -> Verdict:
+        return self._limiters.setdefault(limit.name, RateLimiter()).take(identity, limit)
+
+    async def peek(self, identity: str, limit: Limit) -> Verdict:
+        return self._limiters.setdefault(limit.name, RateLimiter()).peek(identity, limit)
+
+
 def principal_of(request: Request) -> Principal:
-    """Whom ``request`` acts for (see :meth:`Gate.authenticate`)."""
-    return request.app.state.gate.authenticate(request)
+    """Whom ``request`` acts for, once :func:`require_api_key` has passed it.
+
+    Raises:
+        RuntimeError: the request was not authenticated (a route without the dependency).
+    """
+    principal = getattr(request.state, PRINCIPAL_ATTRIBUTE, None)
+    if principal is None:
+        raise RuntimeError(f"{request.url.path}: principal_of before require_api_key")
+    return principal
 
 
 async def require_api_key(request: Request) -> Principal:
     """FastAPI dependency: authenticate and rate-limit the request (:meth:`Gate.authenticate`,
     whose errors it raises); passes every request as the anonymous tenant when ``server.api_keys``
     is empty."""
-    return principal_of(request)
+    return await request.app.state.gate.authenticate(request)
 
 
 def ops_paths(app: FastAPI) -> frozenset[str]:
@@ -184,7 +220,7 @@ class ProtectOps:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] in self.paths:
             try:
-                principal_of(Request(scope, receive))
+                await require_api_key(Request(scope, receive))
             except Problem as problem:
                 return await problem_response(problem)(scope, receive, send)
         await self.app(scope, receive, send)

@@ -1,5 +1,5 @@
-"""Rate limits: token buckets by identity (an API key, a client address) in this process's memory,
-advertised in the IETF RateLimit header fields.
+"""Rate limits: token buckets by identity (an API key, a client address), in this process's memory
+or in Redis, advertised in the IETF RateLimit header fields.
 
 A token bucket holds up to ``burst`` tokens and gains ``rate`` tokens per second; a request takes
 one, and is refused (429) when none is left. This is the bucket of RFC 2697 section 3 (committed
@@ -18,11 +18,23 @@ A bucket is told as the quota ``q`` = ``burst`` over the window ``w`` it takes t
 (seconds, rounded up); ``r`` is the requests it allows now and ``t`` the seconds until it is full
 again. A refusal adds ``Retry-After`` (RFC 9110 section 10.2.3): the seconds until one token is back.
 
-The buckets are per gateway process: gateways (or processes) sharing a store each allow the full rate.
+Where the buckets live depends on the job store (``store.url``):
+
+- **SQLite** (or no store shared): in each gateway process's memory (:class:`RateLimiter`);
+  gateways side by side each allow the full rate.
+- **Redis**: in Redis (:class:`SharedRateLimiter` over :class:`ocrserve.store.buckets.RedisBuckets`),
+  one bucket per policy and identity for every gateway on that Redis, weighed by one Lua script
+  (atomic, timed by the Redis server's clock), so N gateways together allow the rate once.
+  When Redis fails a check (unreachable, or no answer within 0.5 s) the request is weighed against
+  this gateway's own in-memory bucket instead (which starts full), logged once as a WARNING when it
+  starts and once when Redis answers again; Redis is tried again at most every
+  :data:`SHARED_RETRY_S`. Requests are neither all refused nor let through unlimited while Redis is
+  down: each gateway enforces the limit on its own, as with SQLite.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -31,10 +43,17 @@ from dataclasses import dataclass
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 
+from ocrserve.store.buckets import BucketsUnavailable, RedisBuckets
+
+log = logging.getLogger(__name__)
+
 #: Buckets a :class:`RateLimiter` keeps before it first drops full ones (which lose nothing).
 PRUNE_AT = 4096
 #: Attribute of ``request.state`` holding the RateLimit fields for the request's response.
 STATE_ATTRIBUTE = "ratelimit_fields"
+#: Seconds a :class:`SharedRateLimiter` weighs requests in memory after Redis failed a check,
+#: before it asks Redis again.
+SHARED_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,14 +157,7 @@ class RateLimiter:
         allowed = bucket.tokens >= 1
         if allowed and take:
             bucket.tokens -= 1
-        retry_after = 0 if allowed else max(1, math.ceil(bucket.wait_s()))
-        headers = {
-            "RateLimit-Policy": limit.policy_field(),
-            "RateLimit": f'"{limit.name}";r={math.floor(bucket.tokens)};t={math.ceil(bucket.full_in_s())}',
-        }
-        if not allowed:
-            headers["Retry-After"] = str(retry_after)
-        return Verdict(allowed, retry_after, headers)
+        return verdict_of(bucket, allowed)
 
     def _prune(self, now: float) -> None:
         if len(self._buckets) < self._prune_at:
@@ -155,6 +167,67 @@ class RateLimiter:
             if bucket.tokens >= bucket.limit.burst:
                 del self._buckets[identity]
         self._prune_at = max(PRUNE_AT, 2 * len(self._buckets))
+
+
+def verdict_of(bucket: TokenBucket, allowed: bool) -> Verdict:
+    """The :class:`Verdict` on a request, ``allowed`` or not, that left ``bucket`` as it is."""
+    retry_after = 0 if allowed else max(1, math.ceil(bucket.wait_s()))
+    headers = {
+        "RateLimit-Policy": bucket.limit.policy_field(),
+        "RateLimit": f'"{bucket.limit.name}";r={math.floor(bucket.tokens)};t={math.ceil(bucket.full_in_s())}',
+    }
+    if not allowed:
+        headers["Retry-After"] = str(retry_after)
+    return Verdict(allowed, retry_after, headers)
+
+
+class SharedRateLimiter:
+    """Token buckets by identity in Redis, one per policy and identity for every gateway on it;
+    this process's own :class:`RateLimiter` while Redis fails (see the module docstring).
+
+    Args:
+        buckets: the buckets in Redis (:func:`ocrserve.store.open_buckets`).
+        clock: monotonic seconds, for :data:`SHARED_RETRY_S` and the fallback buckets.
+    """
+
+    def __init__(self, buckets: RedisBuckets, clock: Callable[[], float] = time.monotonic):
+        self.buckets = buckets
+        self.local = RateLimiter(clock)
+        self._clock = clock
+        self._local_until: float | None = None  # while set, Redis failed: weigh locally until then
+
+    async def take(self, identity: str, limit: Limit) -> Verdict:
+        """Take a token from ``identity``'s bucket under ``limit`` if it has one."""
+        return await self._weigh(identity, limit, take=True)
+
+    async def peek(self, identity: str, limit: Limit) -> Verdict:
+        """Whether ``identity``'s bucket under ``limit`` has a token, taking none."""
+        return await self._weigh(identity, limit, take=False)
+
+    async def _weigh(self, identity: str, limit: Limit, *, take: bool) -> Verdict:
+        name = f"{limit.name}:{identity}"
+        if self._local_until is not None and self._clock() < self._local_until:
+            return self.local.take(name, limit) if take else self.local.peek(name, limit)
+        try:
+            allowed, tokens = await self.buckets.weigh(name, limit.rate, limit.burst, take=take)
+        except BucketsUnavailable as exc:
+            if self._local_until is None:
+                log.warning(
+                    "rate limits: Redis at %s failed a check (%s); each gateway limits on its own "
+                    "until it answers again",
+                    self.buckets.url,
+                    exc,
+                )
+            self._local_until = self._clock() + SHARED_RETRY_S
+            return self.local.take(name, limit) if take else self.local.peek(name, limit)
+        if self._local_until is not None:
+            log.warning("rate limits: Redis at %s answers again; limits are shared again", self.buckets.url)
+            self._local_until = None
+        return verdict_of(TokenBucket(limit, tokens, 0.0), allowed)
+
+    async def close(self) -> None:
+        """Close the connections to Redis."""
+        await self.buckets.close()
 
 
 def advertise(request: Request, verdict: Verdict) -> None:

@@ -12,6 +12,9 @@ from ocrserve.extras import require
 from ocrserve.store.base import JobStore
 from ocrserve.store.sqlite_store import SqliteStore
 
+#: ``store.url`` schemes of the Redis store.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
 
 def sqlite_path(url: str, data_dir: Path) -> Path:
     """The database file of a ``sqlite:///`` URL (relative after three slashes, absolute after four);
@@ -56,5 +59,21 @@ def open_store(cfg: StoreConfig) -> JobStore:
     return SqliteStore(sqlite_path(cfg.url, cfg.data_dir))
 
 
+def open_buckets(cfg: StoreConfig):
+    """Rate-limit buckets shared through the Redis store (a
+    :class:`~ocrserve.store.buckets.RedisBuckets`), or None with the SQLite store (each gateway then
+    keeps its own in memory).
+
+    Raises:
+        ocrserve.extras.MissingExtra: a Redis URL without the ``redis`` extra (redis-py).
+    """
+    if not _is_redis(cfg.url):
+        return None
+    check_store(cfg)
+    from ocrserve.store.buckets import RedisBuckets  # redis-py is an optional extra
+
+    return RedisBuckets(cfg.url, prefix=cfg.key_prefix)
+
+
 def _is_redis(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://", "unix://"))
+    return url.startswith(REDIS_SCHEMES)

@@ -55,9 +55,23 @@ if TYPE_CHECKING:
 PROFILES_DIR: Traversable = files("ocrserve") / "profiles"
 ENV_PREFIX = "OCRSERVE_"
 ENV_DELIMITER = "__"
-#: Variables with the prefix that are not profile keys: ``ocrserve ocr``'s server and key, the
-#: corpus location of the evaluation scripts, and the test suite's log switch.
-NON_CONFIG_ENV = frozenset({"OCRSERVE_URL", "OCRSERVE_API_KEY", "OCRSERVE_CORPUS", "OCRSERVE_TEST_LOGS"})
+#: Variables with the prefix that are not profile keys: ``ocrserve ocr``'s server and key, and the
+#: corpus location of the evaluation scripts.
+NON_CONFIG_ENV = frozenset({"OCRSERVE_URL", "OCRSERVE_API_KEY", "OCRSERVE_CORPUS"})
+#: The prefix of the test suite's own variables (``OCRSERVE_TEST_LOGS``, ``OCRSERVE_TEST_WITHOUT``, ...).
+TEST_ENV_PREFIX = "OCRSERVE_TEST_"
+
+
+def is_config_env(name: str) -> bool:
+    """Whether the environment variable ``name`` sets a profile key (``OCRSERVE_SERVER__PORT``):
+    it has the prefix and more, and is none of the client's, tools' or tests' own variables."""
+    upper = name.upper()
+    return (
+        upper.startswith(ENV_PREFIX)
+        and len(upper) > len(ENV_PREFIX)
+        and upper not in NON_CONFIG_ENV
+        and not upper.startswith(TEST_ENV_PREFIX)
+    )
 
 
 class Section(BaseModel):
@@ -685,7 +699,7 @@ class EnvSource(EnvSettingsSource):
     ``{"engine": {"onnx": {"batch": ...}}}`` (which the forbidding section then rejects) but only
     looks up names whose first part is a field, so ``OCRSERVE_NONSENSE=1`` would pass unnoticed:
     :meth:`__call__` adds such names to its output so that validation reports them as unknown
-    keys. The client's and tools' own variables (:data:`NON_CONFIG_ENV`) are not configuration.
+    keys. The client's, tools' and tests' own variables (:func:`is_config_env`) are not configuration.
     """
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str] | None = None):
@@ -697,8 +711,7 @@ class EnvSource(EnvSettingsSource):
         # decode_complex_value below passes them through instead of reading JSON.
         found: dict[str, Any] = {}
         for name, raw in self._environ.items():
-            upper = name.upper()
-            if upper.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and upper not in NON_CONFIG_ENV:
+            if is_config_env(name):
                 found[name.lower()] = _yaml_value(raw, name)
         return found
 
@@ -863,9 +876,7 @@ def _set_by(tree: dict, parts: list[str]) -> bool:
 
 def _describe(exc: ValidationError, path: Path, environ: Mapping[str, str], overrides: dict) -> str:
     """One line per error, naming the key (and the environment variable, where it came from one)."""
-    env_names = sorted(
-        name for name in environ if name.upper().startswith(ENV_PREFIX) and name.upper() not in NON_CONFIG_ENV
-    )
+    env_names = sorted(name for name in environ if is_config_env(name))
     failed: dict[tuple[str, ...], list[dict]] = {}
     for err in exc.errors():
         parts = tuple(str(p) for p in err["loc"] if not _UNION_MEMBER.match(str(p)))

@@ -89,6 +89,7 @@ def test_shipped_profiles_are_found_from_any_directory(tmp_path, monkeypatch):
 
 def test_client_variables_are_not_config():
     env = {"OCRSERVE_URL": "http://x:1", "OCRSERVE_API_KEY": "k", "OCRSERVE_CORPUS": "/c", "OCRSERVE_TEST_LOGS": "1"}
+    env |= {"OCRSERVE_TEST_WITHOUT": "redis-server", "OCRSERVE_TEST_SKIPS": "/tmp/s"}
     assert load_config("local", environ=env).server.port == 8000
 
 

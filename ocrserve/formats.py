@@ -41,15 +41,17 @@ def render_text(result: dict) -> str:
 
 def render_markdown(result: dict) -> str:
     """One ``## Page N`` section per page; a failed page shows its error. A job's result of several
-    documents starts each document with a ``# <file name>`` heading. A page's text is escaped
-    (:func:`markdown_paragraphs`): each of its blocks is one paragraph that reads as the text."""
+    documents starts each document with a ``# <file name>`` heading. A page's plain text is escaped
+    (:func:`markdown_paragraphs`): each of its blocks is one paragraph that reads as the text; the
+    Markdown or HTML a VLM was asked for (the page's ``markup``) is passed through."""
     documents = result.get("documents") or []
     sections, current = [], None
     for page in result["pages"]:
         if len(documents) > 1 and page["document"] != current:
             current = page["document"]
             sections.append(f"# {_escape_heading(documents[current]['name'])}\n")
-        body = markdown_paragraphs(page.get("text", ""))
+        text = page.get("text", "")
+        body = markdown_paragraphs(text) if page.get("markup", "text") == "text" else text.strip()
         if page.get("error"):
             body = f"> page failed: {escape_markdown_line(page['error'].get('detail', '') or '')}"
         sections.append(f"## Page {page['index'] + 1}\n\n{body}\n")

@@ -66,7 +66,8 @@ class PageResult:
     ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
     (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
     how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
-    ``source`` says where the text came from: ``ocr`` or the PDF's ``text_layer``.
+    ``source`` says where the text came from: ``ocr`` or the PDF's ``text_layer``; ``markup`` what
+    ``text`` is written in: ``text`` (plain), or the ``markdown`` or ``html`` a VLM was asked for.
     """
 
     index: int
@@ -81,6 +82,7 @@ class PageResult:
     rotation: int = 0
     skew_deg: float = 0.0
     source: str = "ocr"
+    markup: str = "text"
 
     def to_dict(self) -> dict:
         """JSON-ready dict; ``error`` appears only on a failed page, ``generation`` only where set."""

@@ -111,3 +111,17 @@ def test_markdown_keeps_blocks_as_paragraphs_and_escapes_names_and_errors():
     assert "".join(c.content for c in inline[0].children) == "a_b*.pdf #"  # the heading reads as the name
     assert "".join(c.content for c in inline[-1].children) == "page failed: <not> an *image*"
     assert _paragraphs(markdown.split("\n# c.tif")[0]) == ["# 1 total\nnext line", "2. second block"]
+
+
+@pytest.mark.parametrize("markup", ["markdown", "html"])
+def test_markdown_passes_through_the_markup_a_vlm_was_asked_for(markup):
+    """engine.vllm.task markdown or table: the model's own headings and tables stay markup."""
+    text = (
+        "# Invoice\n\n| qty | item |\n|---|---|\n| 2 | pens |"
+        if markup == "markdown"
+        else "<table><tr><td>2</td></tr></table>"
+    )
+    page = {"index": 0, "text": text, "markup": markup}
+    assert render_markdown({"pages": [page]}) == f"## Page 1\n\n{text}\n"
+    plain = render_markdown({"pages": [{**page, "markup": "text"}]})
+    assert ("\\# Invoice" if markup == "markdown" else "\\<table>") in plain

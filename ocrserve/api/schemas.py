@@ -39,6 +39,11 @@ class PageOut(BaseModel):
     )
     skew_deg: float = Field(0.0, description="the skew the reading order was read through, degrees")
     source: str = Field("ocr", description="ocr, or text_layer: a born-digital PDF page's own text, without OCR")
+    markup: str = Field(
+        "text",
+        description="what text is written in: text (plain), or markdown or html, as a VLM engine's task "
+        "(engine.vllm.task) asks; format=markdown escapes plain text and passes markup through",
+    )
     timings: dict[str, float] = Field(description="queue_s, preprocess_s, engine_s and engine stages, seconds")
     error: dict | None = None
     generation: dict | None = Field(

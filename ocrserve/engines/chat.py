@@ -28,6 +28,7 @@ from PIL import Image
 
 from ocrserve.layout import block_order
 from ocrserve.models import ModelSpec
+from ocrserve.models.spec import TASK_MARKUP
 from ocrserve.pages import Line, Page, PageResult
 
 if TYPE_CHECKING:
@@ -271,9 +272,10 @@ def read_reply(spec: ModelSpec, reply: str, page: Page) -> tuple[str, list[Line]
     return "\n\n".join(body for body, _ in cells), lines, blocks
 
 
-def reply_result(spec: ModelSpec, reply: str, page: Page, timings: dict, generation: dict) -> PageResult:
-    """The :class:`PageResult` of ``page`` from a model's ``reply`` (:func:`read_reply`), with the
-    engine's ``timings`` (seconds) and ``generation`` report (``finish_reason`` and the like)."""
+def reply_result(spec: ModelSpec, task: str, reply: str, page: Page, timings: dict, generation: dict) -> PageResult:
+    """The :class:`PageResult` of ``page`` from a model's ``reply`` (:func:`read_reply`) to the prompt
+    of ``task`` (its ``markup``: :data:`~ocrserve.models.spec.TASK_MARKUP`), with the engine's
+    ``timings`` (seconds) and ``generation`` report (``finish_reason`` and the like)."""
     text, lines, blocks = read_reply(spec, reply, page)
     return PageResult(
         index=page.index,
@@ -284,4 +286,5 @@ def reply_result(spec: ModelSpec, reply: str, page: Page, timings: dict, generat
         timings=timings,
         generation=generation,
         blocks=blocks,
+        markup=TASK_MARKUP[task],
     )

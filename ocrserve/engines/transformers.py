@@ -391,7 +391,7 @@ class TransformersEngine(Engine):
         }
         if gen.retried:
             timings["first_try_s"] = round(gen.first_try_s, 4)
-        return reply_result(self.spec, gen.reply, page, timings, gen.report())
+        return reply_result(self.spec, self.recipe.task, gen.reply, page, timings, gen.report())
 
     # -- on the engine thread ---------------------------------------------------------------
 

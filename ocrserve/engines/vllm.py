@@ -304,7 +304,7 @@ class VllmEngine(Engine):
             "truncated": reply.finish_reason == "length",
             "retried": retry is not None,
         }
-        return reply_result(self.spec, reply.text, page, timings, generation)
+        return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
 
     def _request_body(self, page: Page, priority: int) -> dict:
         uri = image_data_uri(page.image, self.cfg.image_format, self.cfg.jpeg_quality)

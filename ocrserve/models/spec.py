@@ -31,6 +31,9 @@ TEXT = "text"
 input, zero visual tokens; planned so the planner's memory terms can be checked against more logs."""
 TASKS = ("text", "markdown", "table")
 """The OCR tasks every recipe has a prompt for."""
+#: The markup of each task's reply (a page's ``markup``): plain text, Markdown, or HTML tables (the
+#: prompts ask for these; see each registry entry's ``prompts``).
+TASK_MARKUP = {"text": "text", "markdown": "markdown", "table": "html"}
 
 
 class ModelError(LookupError):

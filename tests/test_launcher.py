@@ -289,7 +289,9 @@ def test_taken_address_fails_before_models_or_vllm_start(profile):
     ],
 )
 def test_a_bad_debug_engine_setting_fails_before_the_server_starts(tmp_path, setting, message):
-    pytest.importorskip("transformers", minversion="5.13", reason="the debug engine needs '.[debug]'")
+    pytest.importorskip(
+        "transformers", minversion="5.13", reason="the debug engine needs transformers: pip install -e '.[debug]'"
+    )
     if "flash_attention_2" in setting and importlib.util.find_spec("flash_attn"):
         pytest.skip("flash-attn is installed here")
     from tests.tiny_hunyuan import build_tiny_hunyuan
@@ -302,7 +304,9 @@ def test_a_bad_debug_engine_setting_fails_before_the_server_starts(tmp_path, set
 
 
 def test_a_model_folder_without_weights_fails_before_the_server_starts(tmp_path):
-    pytest.importorskip("transformers", minversion="5.13", reason="the debug engine needs '.[debug]'")
+    pytest.importorskip(
+        "transformers", minversion="5.13", reason="the debug engine needs transformers: pip install -e '.[debug]'"
+    )
     from tests.tiny_hunyuan import build_tiny_hunyuan
 
     folder = build_tiny_hunyuan(tmp_path / "model")

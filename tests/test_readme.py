@@ -117,5 +117,5 @@ def test_readme_use_it_commands_work_as_written(fresh_machine):
     assert "12 point text" in first["text"] and first["model"] == "rapidocr/PP-OCRv6-small"
     assert "phototest.tif: 1 page(s)" in done.stdout and "testTIFF_multipage.tif: 2 page(s)" in done.stdout
     written = sorted(p.name for p in (repo / "results").iterdir())
-    assert written == ["phototest.tif.md", "testTIFF_multipage.tif.md"]
+    assert written == [".ocrserve-batch", "phototest.tif.md", "testTIFF_multipage.tif.md"]  # + the done records
     assert "Traceback" not in gateway.log.read_text()

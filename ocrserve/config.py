@@ -507,6 +507,11 @@ class RouterConfig(Section):
         return self
 
 
+def _cpu_list(value: object) -> object:
+    """A CPU list written as one number (``--set vllm.cpu_threads_bind=0``, which YAML reads as an int)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class VllmConfig(Section):
     """``vllm serve``: its engine arguments and how ``ocrserve launch`` runs it.
 
@@ -534,6 +539,9 @@ class VllmConfig(Section):
         "auto", description="KV-cache element type; fp8 halves the bytes per token (auto = the model's dtype)"
     )
     enforce_eager: bool = Field(False, description="No CUDA graphs (slower decoding, no graph memory)")
+    kv_cache_memory_bytes: Count | Auto = Field(
+        "auto", description="KV cache, bytes (vllm.device=cpu); auto = planned from the host's available memory"
+    )
 
     version: str = Field(
         "auto", exclude=True, description="vLLM release to plan for; auto = the installed one, else the newest known"
@@ -541,10 +549,26 @@ class VllmConfig(Section):
 
     executable: str = Field("vllm", exclude=True, description="The vllm executable (a path or a name on PATH)")
     extra_args: list[str] = Field(default_factory=list, exclude=True, description="Appended to the planned argv")
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu", exclude=True, description="gpu: plan for the GPU (vllm.gpu); cpu: vLLM's CPU backend on this host"
+    )
     gpu: str = Field("auto", exclude=True, description="GPU to plan for: a registry name or auto (NVML/nvidia-smi)")
     gpu_memory_gib: float | None = Field(None, gt=0, exclude=True, description="Memory per GPU, GiB (overrides)")
     gpus: Count | Auto = Field(
         "auto", exclude=True, description="GPUs to use; auto = all detected (1 with a named GPU)"
+    )
+    cpu_memory_gib: float | None = Field(
+        None, gt=0, exclude=True, description="vllm.device=cpu: host memory to plan with, GiB (default: available now)"
+    )
+    cpu_kv_cache_fraction: Fraction = Field(
+        0.5, exclude=True, description="vllm.device=cpu: share of the memory left after weights and runtime for KV"
+    )
+    cpu_kv_cache_max_gib: float = Field(32.0, gt=0, exclude=True, description="vllm.device=cpu: KV cache cap, GiB")
+    cpu_threads_bind: Annotated[str, BeforeValidator(_cpu_list)] = Field(
+        "auto",
+        exclude=True,
+        description="vllm.device=cpu: VLLM_CPU_OMP_THREADS_BIND (a CPU list such as 0-15, or nobind); auto = "
+        "one thread per physical core, one core reserved from 4 cores",
     )
     health_timeout_s: float = Field(
         1800.0, gt=0, exclude=True, description="How long vLLM may take to answer /health (download + load), s"

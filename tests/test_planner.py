@@ -353,9 +353,12 @@ def _vllm_parser():
     except ImportError:  # vLLM < 0.11.1
         from vllm.utils import FlexibleArgumentParser
     try:
-        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-    except ImportError:  # vLLM before the entrypoints reorganisation
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # before vLLM moved it to entrypoints.launchers (0.32.0 has it there)
+        try:
+            from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+        except ImportError:  # vLLM before the entrypoints reorganisation
+            from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     return make_arg_parser(FlexibleArgumentParser()), validate_parsed_serve_args
 
 

@@ -15,6 +15,7 @@ from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config, dedupe_overrides, profile_path
 from ocrserve.engines import create_engine
 from ocrserve.extras import MissingExtra
+from ocrserve.gpu.host import HostError
 from ocrserve.gpu.launcher import (
     AddressTaken,
     VllmStartError,
@@ -58,10 +59,11 @@ def launch(
 ) -> None:
     """Start the OCR gateway for a profile; for prod, plan and start vLLM first.
 
-    With the vLLM engine (prod, gpu-24g, gpu-12g) the launcher plans `vllm serve` for the GPU,
-    prints the plan and both command lines, starts vLLM, waits for its /health, then starts the
-    gateway; it restarts vLLM if it dies, and Ctrl-C drains requests and stops both. With
-    engine.vllm.base_urls set it starts only the gateway, in front of those servers.
+    With the vLLM engine (prod, gpu-24g, gpu-12g; cpu-vllm: vLLM's CPU backend on this host) the
+    launcher plans `vllm serve` for the GPU (or the host), prints the plan and both command lines,
+    starts vLLM, waits for its /health, then starts the gateway; it restarts vLLM if it dies, and
+    Ctrl-C drains requests and stops both. With engine.vllm.base_urls set it starts only the
+    gateway, in front of those servers.
 
     Examples:
 
@@ -74,6 +76,8 @@ def launch(
         ocrserve launch --profile prod               # vLLM + gateway on this machine's GPU
 
         ocrserve launch --profile prod --dry-run --set vllm.gpu="RTX 4090D"   # plan and commands only
+
+        ocrserve launch --profile cpu-vllm --set engine.model=./my-model   # vLLM's CPU backend, no GPU
 
         ocrserve launch --profile prod --set engine.vllm.base_urls=\\[http://gpu1:8001] --set vllm.max_num_seqs=9
     """
@@ -119,9 +123,14 @@ def _check_installed(config: Config, dry_run: bool) -> None:
         raise _fail(exc, 2) from None
     executable = config.vllm.executable
     if manages_vllm(config) and not dry_run and shutil.which(executable) is None:
+        install = (
+            "install vLLM's CPU backend beside ocrserve (README: cpu-vllm)"
+            if config.vllm.device == "cpu"
+            else "install vLLM beside ocrserve (pip install 'ocrserve[vllm]')"
+        )
         raise _fail(
-            f"vllm.executable {executable!r} is not on PATH: install vLLM beside ocrserve (pip install "
-            "'ocrserve[vllm]') or --set vllm.executable=PATH; --dry-run plans without it",
+            f"vllm.executable {executable!r} is not on PATH or not executable: {install} or --set "
+            "vllm.executable=PATH; --dry-run plans without it",
             2,
         )
 
@@ -129,11 +138,12 @@ def _check_installed(config: Config, dry_run: bool) -> None:
 def _launch_with_vllm(config: Config, dry_run: bool, user_sets: list[str]) -> None:
     try:
         plan = _plan(config, dry_run)
-    except (ModelError, GpuError, PlanError) as exc:
+    except (ModelError, GpuError, HostError, PlanError) as exc:
         hint = " For ocrserve launch: --set vllm.gpu=NAME or --set vllm.gpu_memory_gib=GIB." * isinstance(exc, GpuError)
         raise _fail(f"{exc}{hint}", 2) from None
     Console().print(render_table(plan, command=False))
-    typer.echo("vLLM:    " + shlex.join(vllm_command(config, plan)))
+    env = "".join(f"{name}={shlex.quote(value)} " for name, value in plan.env.items())
+    typer.echo("vLLM:    " + env + shlex.join(vllm_command(config, plan)))
     typer.echo("gateway: " + shlex.join(gateway_command(gateway_config(config, plan), user_sets)))
     if dry_run:
         return

@@ -14,7 +14,9 @@ from rich.table import Column, Table
 from ocrserve.cli.common import Overrides, err_console
 from ocrserve.cli.plan_render import RENDERERS, render_defaults
 from ocrserve.config import ConfigError, load_config
+from ocrserve.gpu.cpu_planner import plan_cpu_serving
 from ocrserve.gpu.defaults import compare_defaults
+from ocrserve.gpu.host import HostError, detect_host
 from ocrserve.gpu.planner import Plan, PlanError, plan_serving
 from ocrserve.gpu.registry import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, ModelError, get_model, list_models
@@ -66,6 +68,13 @@ def _profile_settings(profile: str, model: str | None, overrides: list[str]) -> 
         "vllm_version": _number(config.vllm.version),
         "overcommit": config.router.slot_overcommit,
         "burst": config.router.fast.burst_slots,
+        "device": config.vllm.device,
+        "cpu": {
+            "memory_gib": config.vllm.cpu_memory_gib,
+            "kv_cache_fraction": config.vllm.cpu_kv_cache_fraction,
+            "kv_cache_max_gib": config.vllm.cpu_kv_cache_max_gib,
+            "threads_bind": config.vllm.cpu_threads_bind,
+        },
     }
     if model is None or model == config.engine.model:
         settings.update(
@@ -129,6 +138,10 @@ def plan(
     need (visual tokens at max_pixels + prompt + max output), which sets --max-num-seqs; the other
     flags follow from the page and the model card.
 
+    With vllm.device=cpu (the cpu-vllm profile) the plan is for vLLM's CPU backend on this host:
+    the KV cache (--kv-cache-memory-bytes) from the memory available now, the threads
+    (VLLM_CPU_OMP_THREADS_BIND) from its cores; the GPU options do not apply.
+
     Examples:
 
         ocrserve plan --gpu "RTX 4090D"
@@ -146,9 +159,32 @@ def plan(
         ocrserve plan --gpu l40s --vllm-version 0.18.1 --set vllm.kv_cache_dtype=fp8
 
         ocrserve plan --gpu "RTX 4090" --compare-defaults     # why not vllm serve's own defaults?
+
+        ocrserve plan --profile cpu-vllm --set engine.model=./my-model     # vLLM's CPU backend on this host
     """
     settings = _profile_settings(profile, model, list(set_ or []))
     vllm_settings = dict(settings.get("vllm") or {})
+    if settings.get("device") == "cpu":
+        gpu_options = {
+            "--gpu": gpu != "auto",
+            "--gpu-memory": gpu_memory is not None,
+            "--gpus": gpus is not None,
+            "--p95": p95 is not None,
+            "--gpu-memory-utilization": gpu_memory_utilization is not None,
+            "--compare-defaults": compare_defaults_,
+        }
+        given = [name for name, on in gpu_options.items() if on]
+        if given:
+            raise _fail(f"{', '.join(given)}: a GPU option, and this plan is for vLLM's CPU backend (vllm.device=cpu)")
+        _plan_cpu(
+            spec_id=model or settings.get("model") or DEFAULT_MODEL,
+            settings=settings,
+            max_pixels=max_pixels,
+            max_tokens=max_tokens,
+            vllm_version=vllm_version,
+            fmt=fmt,
+        )
+        return
     try:
         spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
         gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
@@ -174,6 +210,39 @@ def plan(
     if compare_defaults_:
         _print_defaults(result, fmt)
         return
+    rendered = RENDERERS[fmt.value](result)
+    if fmt is Format.table:
+        Console().print(rendered)
+    else:
+        typer.echo(rendered)
+
+
+def _plan_cpu(
+    spec_id: str, settings: dict, max_pixels: int | None, max_tokens: int | None, vllm_version: str | None, fmt: Format
+) -> None:
+    """The CPU path of ``ocrserve plan``: this host in place of the GPU (``vllm.device=cpu``)."""
+    vllm_settings = dict(settings.get("vllm") or {})
+    cpu = settings["cpu"]
+    try:
+        spec = get_model(spec_id)
+        result = plan_cpu_serving(
+            spec,
+            detect_host(cpu["memory_gib"]),
+            min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
+            max_pixels=max_pixels or settings.get("max_pixels"),
+            factor=settings.get("factor"),
+            max_tokens=max_tokens,
+            max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
+            overrides=vllm_settings,
+            vllm_version=vllm_version or settings.get("vllm_version"),
+            kv_cache_fraction=cpu["kv_cache_fraction"],
+            kv_cache_max_gib=cpu["kv_cache_max_gib"],
+            threads_bind=cpu["threads_bind"],
+            gateway_overcommit=settings.get("overcommit", 1.0),
+            gateway_burst=settings.get("burst", 0),
+        )
+    except (ModelError, HostError, PlanError) as exc:
+        raise _fail(str(exc)) from None
     rendered = RENDERERS[fmt.value](result)
     if fmt is Format.table:
         Console().print(rendered)

@@ -17,8 +17,10 @@ from ocrserve.gpu.registry import GIB
 
 
 def render_argv(plan: Plan) -> str:
-    """The command line, shell-quoted (``shlex.split`` gives :meth:`Plan.argv` back)."""
-    return shlex.join(plan.argv())
+    """The command line, shell-quoted (``shlex.split`` gives :meth:`Plan.argv` back), after the
+    environment the plan sets (``NAME=value ...``, a CPU plan's thread binding)."""
+    env = "".join(f"{name}={shlex.quote(value)} " for name, value in plan.env.items())
+    return env + shlex.join(plan.argv())
 
 
 def render_json(plan: Plan) -> str:
@@ -53,10 +55,17 @@ def render_table(plan: Plan, command: bool = True):
     from rich.table import Table
     from rich.text import Text
 
-    title = (
-        f"{plan.model.id} on {plan.gpus} x {plan.gpu.name} ({plan.gpu.memory_gib:.1f} GiB"
-        f"{'' if plan.gpu.bf16 else ', no bf16'}) - {plan.strategy}"
-    )
+    if plan.device == "cpu":
+        host = plan.gpu
+        title = (
+            f"{plan.model.id} on vLLM's CPU backend: CPU host {host.name} ({len(host.cores)} cores, "
+            f"{host.memory_gib:.1f} GiB available{'' if host.bf16 else ', no bf16'})"
+        )
+    else:
+        title = (
+            f"{plan.model.id} on {plan.gpus} x {plan.gpu.name} ({plan.gpu.memory_gib:.1f} GiB"
+            f"{'' if plan.gpu.bf16 else ', no bf16'}) - {plan.strategy}"
+        )
     table = Table("quantity", "value", "derivation", title=title, show_lines=False, expand=False)
     for step in plan.steps:
         table.add_row(escape(step.label), _show(step), escape(step.derivation))

@@ -5,8 +5,9 @@ The ``onnx`` and ``transformers`` profiles, and ``vllm`` profiles that list runn
 
 A ``vllm`` profile without ``base_urls`` (``prod``) runs :func:`run_with_vllm`:
 
-1. :func:`plan_for` plans ``vllm serve`` (``ocrserve.gpu.planner`` fills every ``auto``); the caller
-   prints the plan and both command lines;
+1. :func:`plan_for` plans ``vllm serve`` (``ocrserve.gpu.planner`` fills every ``auto``; with
+   ``vllm.device: cpu``, ``ocrserve.gpu.cpu_planner`` plans vLLM's CPU backend on this host,
+   including the environment its process needs); the caller prints the plan and both command lines;
 2. ``vllm serve`` starts in its own process group, its output streamed line by line with a
    ``vllm | `` prefix;
 3. the launcher waits for vLLM's ``/health``; if vLLM exits first (or ``vllm.health_timeout_s``
@@ -33,7 +34,7 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 import uvicorn
@@ -42,6 +43,8 @@ from ocrserve import backoff
 from ocrserve.api import create_app
 from ocrserve.api.protocol import GatewayProtocol
 from ocrserve.config import Config, VllmConfig, dedupe_overrides
+from ocrserve.gpu.cpu_planner import plan_cpu_serving
+from ocrserve.gpu.host import detect_host
 from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
@@ -168,7 +171,8 @@ class GatewayServer(uvicorn.Server):
 
 
 def plan_for(config: Config) -> Plan:
-    """Plan ``vllm serve`` for a profile: its model, pixel budget, ``vllm`` section and GPU.
+    """Plan ``vllm serve`` for a profile: its model, pixel budget, ``vllm`` section and GPU, or
+    with ``vllm.device: cpu`` this host for vLLM's CPU backend (:func:`plan_cpu_for`).
 
     ``vllm.gpu`` names the GPU (``auto``: detect it, and use every GPU of its kind unless
     ``vllm.gpus`` says otherwise); the ``vllm`` engine arguments that are not ``auto`` are kept.
@@ -176,9 +180,13 @@ def plan_for(config: Config) -> Plan:
     Raises:
         ocrserve.models.ModelError: unknown model.
         ocrserve.gpu.registry.GpuError: unknown GPU name, or no GPU found for ``auto``.
-        ocrserve.gpu.planner.PlanError: the model does not fit (the message says what would).
+        ocrserve.gpu.host.HostError: the host's memory cannot be read (CPU).
+        ocrserve.gpu.planner.PlanError: the model does not fit (the message says what would), or
+            (CPU) its attention head size has no kernel in vLLM's CPU backend.
     """
 
+    if config.vllm.device == "cpu":
+        return plan_cpu_for(config)
     v, pre = config.vllm, config.preprocess
     spec = get_model(config.engine.model)
     gpu, detected = resolve_gpu(v.gpu, v.gpu_memory_gib)
@@ -198,6 +206,48 @@ def plan_for(config: Config) -> Plan:
         gateway_overcommit=config.router.slot_overcommit,
         gateway_burst=config.router.fast.burst_slots,
     )
+
+
+def plan_cpu_for(config: Config) -> Plan:
+    """:func:`~ocrserve.gpu.cpu_planner.plan_cpu_serving` for a profile on this host.
+
+    Raises:
+        as :func:`plan_for`.
+    """
+    v, pre = config.vllm, config.preprocess
+    spec = get_model(config.engine.model)
+    return plan_cpu_serving(
+        spec,
+        detect_host(v.cpu_memory_gib),
+        min_pixels=pre.min_pixels if spec.supports_pixel_budget else None,
+        max_pixels=pre.max_pixels,
+        factor=pre.factor,
+        max_num_seqs=None if v.max_num_seqs == "auto" else v.max_num_seqs,
+        overrides=v.model_dump(),
+        vllm_version=None if v.version == "auto" else v.version,
+        kv_cache_fraction=v.cpu_kv_cache_fraction,
+        kv_cache_max_gib=v.cpu_kv_cache_max_gib,
+        threads_bind=v.cpu_threads_bind,
+        gateway_overcommit=config.router.slot_overcommit,
+        gateway_burst=config.router.fast.burst_slots,
+    )
+
+
+#: Variables removed from the environment of a CPU plan's ``vllm serve``: the legacy
+#: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) replaces ``--kv-cache-memory-bytes`` in vLLM's CPU platform
+#: (``vllm/platforms/cpu.py`` ``check_and_update_config``), which would undo the plan.
+CPU_ENV_REMOVED = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+def vllm_environment(plan: Plan, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of the planned ``vllm serve``: ``base`` (default: this process's) with the
+    plan's variables set, and for a CPU plan :data:`CPU_ENV_REMOVED` removed."""
+    env = dict(os.environ if base is None else base)
+    if plan.device == "cpu":
+        for name in CPU_ENV_REMOVED:
+            env.pop(name, None)
+    env.update(plan.env)
+    return env
 
 
 def vllm_command(config: Config, plan: Plan) -> list[str]:
@@ -240,10 +290,12 @@ class VllmProcess:
         argv: the command line.
         url: its server root (``http://host:port``) for ``/health``.
         cfg: the ``vllm`` section (``health_timeout_s``, ``stop_timeout_s``).
+        env: its environment (default: this process's; :func:`vllm_environment`).
     """
 
-    def __init__(self, argv: list[str], url: str, cfg: VllmConfig):
+    def __init__(self, argv: list[str], url: str, cfg: VllmConfig, env: Mapping[str, str] | None = None):
         self.argv, self.url, self.cfg = argv, url, cfg
+        self.env = None if env is None else dict(env)
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.proc: asyncio.subprocess.Process | None = None
         self._relay: asyncio.Task | None = None
@@ -267,6 +319,7 @@ class VllmProcess:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
                 limit=LOG_LINE_LIMIT,
+                env=self.env,
             )
         except OSError as exc:
             raise VllmStartError(f"cannot run {self.argv[0]!r} (vllm.executable): {exc}") from None
@@ -411,7 +464,9 @@ async def _serve_with_vllm(config: Config, plan: Plan) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    vllm = VllmProcess(vllm_command(config, plan), gateway.engine.vllm.base_urls[0], config.vllm)
+    vllm = VllmProcess(
+        vllm_command(config, plan), gateway.engine.vllm.base_urls[0], config.vllm, vllm_environment(plan)
+    )
     try:
         if not await vllm.start(stop):
             return 0

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ocrserve.gpu.host import HostSpec
 from ocrserve.gpu.memory import (
     ACTIVATION_BYTES,
     BATCHED_TOKENS_ALIGN,
@@ -97,10 +98,14 @@ class Plan:
         steps: every quantity with its derivation.
         warnings: things the operator should know (none block the plan).
         vllm_version: the vLLM release whose start-up accounting the plan follows.
+        device: ``"gpu"``, or ``"cpu"`` for vLLM's CPU backend (:mod:`ocrserve.gpu.cpu_planner`),
+            where ``gpu`` is the :class:`~ocrserve.gpu.host.HostSpec` and ``strategy`` ``"cpu"``.
+        env: environment variables the ``vllm serve`` process needs (the CPU backend's thread
+            binding); the launcher sets them on the child.
     """
 
     model: ModelSpec
-    gpu: GpuSpec
+    gpu: GpuSpec | HostSpec
     gpus: int
     strategy: str
     vllm_args: dict[str, object]
@@ -108,6 +113,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     vllm_version: str = NEWEST
+    device: str = "gpu"
+    env: dict[str, str] = field(default_factory=dict)
 
     def value(self, key: str) -> object:
         """The value of the step named ``key``.
@@ -135,15 +142,32 @@ class Plan:
 
     def to_dict(self) -> dict:
         """The plan as plain data (str/int/float/bool/list/dict): model, GPU, strategy, vLLM
-        arguments, argv, every step and the warnings; ``ocrserve plan --format json|yaml`` prints it."""
+        arguments, argv, every step and the warnings (a CPU plan: the host and the child's
+        environment in place of the GPU); ``ocrserve plan --format json|yaml`` prints it."""
+        if self.device == "cpu":
+            where = {
+                "device": "cpu",
+                "host": {
+                    "name": self.gpu.name,
+                    "available_gib": round(self.gpu.memory_gib, 2),
+                    "cpus": len(self.gpu.cpus),
+                    "cores": len(self.gpu.cores),
+                    "bf16": self.gpu.bf16,
+                },
+                "env": dict(self.env),
+            }
+        else:
+            where = {
+                "gpu": {
+                    "name": self.gpu.name,
+                    "memory_gib": round(self.gpu.memory_gib, 2),
+                    "count": self.gpus,
+                    "bf16": self.gpu.bf16,
+                }
+            }
         return {
             "model": self.model.id,
-            "gpu": {
-                "name": self.gpu.name,
-                "memory_gib": round(self.gpu.memory_gib, 2),
-                "count": self.gpus,
-                "bf16": self.gpu.bf16,
-            },
+            **where,
             "strategy": self.strategy,
             "vllm_version": self.vllm_version,
             "vllm_args": dict(self.vllm_args),
@@ -482,6 +506,11 @@ def plan_serving(
         raise PlanError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if gpus < 1:
         raise PlanError(f"--gpus must be >= 1, got {gpus}")
+    if (overrides or {}).get("kv_cache_memory_bytes") not in (None, "auto"):
+        raise PlanError(
+            "vllm.kv_cache_memory_bytes is planned for vLLM's CPU backend (vllm.device=cpu); on a GPU the planner "
+            "sizes the KV cache from gpu_memory_utilization"
+        )
     warnings: list[str] = []
     _check_factor(model, factor, warnings)
     engine = engine_for(vllm_version, overrides or {})

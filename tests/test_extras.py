@@ -117,8 +117,8 @@ def test_launch_prod_without_vllm_says_so_before_planning():
     done = ocrserve("launch", "--profile", "prod", "--set", "vllm.executable=/nowhere/vllm", "--set", "vllm.gpu=L4")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "error: vllm.executable '/nowhere/vllm' is not on PATH: install vLLM beside ocrserve (pip install "
-        "'ocrserve[vllm]') or --set vllm.executable=PATH; --dry-run plans without it"
+        "error: vllm.executable '/nowhere/vllm' is not on PATH or not executable: install vLLM beside ocrserve "
+        "(pip install 'ocrserve[vllm]') or --set vllm.executable=PATH; --dry-run plans without it"
     ]
 
 

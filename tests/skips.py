@@ -5,11 +5,12 @@ As a pytest plugin (hooks imported by ``tests/conftest.py``): with ``OCRSERVE_TE
 set, each skipped test or module is appended to FILE as a JSON line ``{"nodeid", "reason"}``.
 
 As a script (``python -m tests.skips FILE --nodeids OUT``): prints the skips grouped by reason,
-writes their node ids to OUT (one a line; ``pytest @OUT`` runs them again where the extras are
-installed) and exits 1 where a reason names no remedy. A remedy is an install command
-(``pip install``, ``apt-get install``), the corpus's variable (``OCRSERVE_CORPUS``), or one of
-:data:`NOT_MISSING`: a skip because of what the machine *has* (a GPU, an extra that makes the
-test moot), which no install would lift.
+writes their tests to OUT and exits 1 where a reason names no remedy. OUT holds one test a line,
+a module or a test function with all its parameters (a parameter's id may exist only where
+something is missing, as ``[corpus-missing]``); ``pytest @OUT`` runs them again where everything
+is installed. A remedy is an install command (``pip install``, ``apt-get install``), the corpus's
+variable (``OCRSERVE_CORPUS``), or one of :data:`NOT_MISSING`: a skip because of what the machine
+*has* (a GPU, an extra that makes the test moot), which no install would lift.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print ``report``'s skips grouped by reason, write their node ids; 1 where one is unexplained."""
     parser = argparse.ArgumentParser(prog="python -m tests.skips", description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, help="the JSON lines the plugin wrote")
-    parser.add_argument("--nodeids", type=Path, help="write the skipped node ids here, one a line")
+    parser.add_argument("--nodeids", type=Path, help="write the skipped tests here, one a line, without parameters")
     args = parser.parse_args(argv)
     lines = args.report.read_text(encoding="utf-8").splitlines() if args.report.exists() else []
     skips = [json.loads(line) for line in lines]
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(nodeids):4d} skipped  {flag}{reason}")
     print(f"{len(skips)} skips, {len(by_reason)} reasons, {bad} without a remedy")
     if args.nodeids:
-        args.nodeids.write_text("".join(f"{nodeid}\n" for nodeid in dict.fromkeys(s["nodeid"] for s in skips)))
+        tests = dict.fromkeys(skip["nodeid"].split("[", 1)[0] for skip in skips)
+        args.nodeids.write_text("".join(f"{test}\n" for test in tests))
     return 1 if bad else 0
 
 

@@ -136,6 +136,16 @@ class EngineUnavailable(Problem):
     title = "Engine unavailable"
 
 
+class EngineRefused(Problem):
+    """422: the engine's server refused the page with a 4xx of its own (vLLM's 400 for a page with
+    more tokens than its ``max_model_len``): the page is well-formed, yet this model will never take
+    it, so sending it again cannot help (unlike 502, which clients retry)."""
+
+    status = 422
+    slug = "engine-refused"
+    title = "Engine refused the page"
+
+
 class EngineFailed(Problem):
     """502: the OCR engine failed on a page."""
 

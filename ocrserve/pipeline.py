@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ocrserve import metrics
 from ocrserve.engines.base import PageError
-from ocrserve.errors import DeadlinePassed, EngineFailed, EngineUnavailable, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, Problem
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import Reservation, Router
@@ -50,9 +50,12 @@ class Attempt:
 
 def page_problem(index: int, error: PageError) -> Problem:
     """The problem of a page the engine failed: 503 with ``Retry-After`` when the failure is
-    transient (engine down or restarting), else 502."""
+    transient (engine down or restarting), 422 when the engine's server refused the page with a
+    4xx (vLLM: more tokens than its ``max_model_len``), else 502."""
     if error.transient:
         return EngineUnavailable(f"page {index + 1}: {error}", headers={"Retry-After": str(TRANSIENT_RETRY_AFTER_S)})
+    if error.status is not None and 400 <= error.status < 500:
+        return EngineRefused(f"page {index + 1}: {error}")
     return EngineFailed(f"page {index + 1}: {error}")
 
 

@@ -23,11 +23,14 @@ class PageError(Exception):
     Attributes:
         transient: True when retrying may succeed (engine down, timeout); False when the page
             itself is at fault (undecodable, too large for the model).
+        status: the HTTP status an engine server answered for the page, when it answered one
+            (vLLM's 400 for a page over its ``max_model_len``); None otherwise.
     """
 
-    def __init__(self, message: str, *, transient: bool = False):
+    def __init__(self, message: str, *, transient: bool = False, status: int | None = None):
         super().__init__(message)
         self.transient = transient
+        self.status = status
 
 
 #: ``Retry-After`` (seconds) of a 503 while an engine is not ready, unless it knows better.

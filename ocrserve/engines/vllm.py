@@ -26,7 +26,8 @@ Failures: a connection error (refused, reset, lost mid-request) or a 503 is retr
 exponential wait, on the next replica, up to ``engine.vllm.max_retries`` times, and then becomes a
 transient :class:`~ocrserve.engines.base.PageError`; so does a page that gets no reply within
 ``timeout_s`` (not retried: it would load the replicas twice). Any other status is the page's own
-failure, never retried: 4xx is permanent (vLLM refuses what it will always refuse), 5xx transient.
+failure, never retried: 4xx is permanent (vLLM refuses what it will always refuse; the page's 422),
+5xx transient.
 
 A background task polls every replica each ``poll_interval_s``: ``/health`` (200 = engine alive),
 ``/v1/models`` when a replica comes up (it must serve ``engine.model``), and ``/metrics`` for
@@ -381,6 +382,7 @@ class VllmEngine(Engine):
         raise PageError(
             f"{replica.url} answered {response.status_code}: {_error_message(response)}",
             transient=response.status_code >= 500,
+            status=response.status_code,
         )
 
     async def _read_stream(self, source, url: str) -> Reply:

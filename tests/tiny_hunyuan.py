@@ -1,10 +1,11 @@
 """A tiny random-weight HunyuanOCR (``HunYuanVLForConditionalGeneration``) built offline for tests.
 
 The real architecture classes of transformers (>= 5.13, the first with ``hunyuan_vl``) at toy sizes:
-2 + 2 layers, hidden 64 / 32, about 190 k parameters, float32. The tokenizer is byte-level BPE
-without merges (256 byte tokens plus HunyuanOCR's special-token names), the image processor the
-PIL one at the registry's pixel bounds (512^2 .. 4096^2 px), and the chat template renders the
-prompt HunyuanOCR publishes (vLLM example ``f"{BOS}{IMG_START}{IMG}{IMG_END}{question}<｜hy_User｜>"``).
+2 + 2 layers, hidden 64 / 32, text head size 16 (or 32), about 190 k parameters, float32. The
+tokenizer is byte-level BPE without merges (256 byte tokens plus HunyuanOCR's special-token
+names), the image processor the PIL one at the registry's pixel bounds (512^2 .. 4096^2 px), and
+the chat template renders the prompt HunyuanOCR publishes (vLLM example
+``f"{BOS}{IMG_START}{IMG}{IMG_END}{question}<｜hy_User｜>"``).
 The EOS token and the template are reconstructions (no real checkpoint file is read); the field
 names are the real checkpoint's (its full-size config gives the registry's 996,208,112 params).
 
@@ -83,9 +84,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_config(tokenizer: PreTrainedTokenizerFast) -> HunYuanVLConfig:
-    """HunyuanOCR's config at toy sizes (the real values in comments)."""
+def build_config(tokenizer: PreTrainedTokenizerFast, head_dim: int = 16) -> HunYuanVLConfig:
+    """HunyuanOCR's config at toy sizes (the real values in comments); ``head_dim``: the text
+    attention's head size (see :func:`build_tiny_hunyuan`)."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
+    # 4 rope axes (position, width, height, image) summing to head_dim / 2 (real: [16] * 4)
+    section = [head_dim // 8] * 4
     text_config = {
         "vocab_size": len(tokenizer),
         "hidden_size": 64,  # real: 1024
@@ -93,18 +97,17 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> HunYuanVLConfig:
         "num_hidden_layers": 2,  # real: 24
         "num_attention_heads": 4,  # real: 16
         "num_key_value_heads": 2,  # real: 8
-        "head_dim": 16,  # real: 128
+        "head_dim": head_dim,  # real: 128
         "hidden_act": "silu",
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-5,
-        # the checkpoint's spelling: xdrope -> NTK-alpha rope; transformers requires `factor`;
-        # xdrope_section: 4 axes (position, width, height, image) summing to head_dim / 2 (real: [16] * 4)
+        # the checkpoint's spelling: xdrope -> NTK-alpha rope; transformers requires `factor`
         "rope_parameters": {
             "rope_type": "xdrope",
             "rope_theta": 10000.0,
             "alpha": 1000.0,
             "factor": 1.0,
-            "xdrope_section": [2, 2, 2, 2],
+            "xdrope_section": section,
         },
         "tie_word_embeddings": True,
         "pad_token_id": ids[PAD],
@@ -139,18 +142,22 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> HunYuanVLConfig:
     )
 
 
-def build_tiny_hunyuan(out_dir: str | Path, *, looping: bool = False) -> Path:
+def build_tiny_hunyuan(out_dir: str | Path, *, looping: bool = False, head_dim: int = 16) -> Path:
     """Save the tiny model, its tokenizer and processor to ``out_dir`` (about 0.1 s) and return it.
 
     Args:
         looping: suppress every special token but EOS in ``generation_config.json``, so that greedy
             decoding repeats a printable character instead of an (invisible) special token.
+        head_dim: the text attention's head size; 32 for vLLM's CPU build (``tests/real_vllm.py``),
+            whose attention has kernels for 32, 64, ... but not 16 (a model with 16 starts, then
+            its first request kills the engine). The rope sections follow (head_dim / 8 each);
+            transformers saves them as ``mrope_section``, the spelling vLLM reads.
     """
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     image_processor = HunYuanVLImageProcessorPil(min_pixels=SPEC.min_pixels, max_pixels=SPEC.max_pixels)
     processor = HunYuanVLProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
-    model = HunYuanVLForConditionalGeneration(build_config(tokenizer))
+    model = HunYuanVLForConditionalGeneration(build_config(tokenizer, head_dim))
     if looping:
         model.generation_config.suppress_tokens = [
             i for i in tokenizer.added_tokens_decoder if i != tokenizer.eos_token_id

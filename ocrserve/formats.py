@@ -20,17 +20,19 @@ def assemble_result(pages: list[dict], model: str, lane: str, seconds: float, re
     """The result dict of DESIGN.md from page dicts (``PageResult.to_dict()``) in order.
 
     Args:
-        seconds: wall time of the whole document (``usage.seconds``).
+        seconds: wall time of the whole document (``usage.seconds``); ``usage.pages`` counts the
+            pages that succeeded, ``usage.blank_pages`` those of them answered blank (no ink, no OCR).
         result_id: the result's ``id``; a new random one when empty.
     """
     failed = sum(1 for page in pages if page.get("error"))
+    blank = sum(1 for page in pages if page.get("source") == "blank")
     return {
         "id": result_id or uuid.uuid4().hex,
         "model": model,
         "lane": lane,
         "text": "\f".join(page["text"] for page in pages),
         "pages": pages,
-        "usage": {"pages": len(pages) - failed, "seconds": round(seconds, 4)},
+        "usage": {"pages": len(pages) - failed, "blank_pages": blank, "seconds": round(seconds, 4)},
     }
 
 

@@ -18,6 +18,10 @@ REQUEST_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 PAGES = Counter("ocrserve_pages", "Pages finished, by outcome (ok, failed).", ["outcome"])
+BLANK_PAGES = Counter(
+    "ocrserve_blank_pages",
+    "Pages found blank (no ink) after decoding and answered with empty text, without the engine.",
+)
 PREPROCESS_SECONDS = Histogram(
     "ocrserve_preprocess_seconds", "Seconds to decode and normalize one page.", buckets=LATENCY_BUCKETS
 )

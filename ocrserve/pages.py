@@ -23,6 +23,7 @@ class Page:
         orientation: whether the engine detects the page's orientation (``preprocess.orientation``).
         text_layer: a PDF page's result read from its own text layer
             (:mod:`ocrserve.preprocess.textlayer`): the page needs no OCR; None otherwise.
+        blank: the page has no ink (:mod:`ocrserve.preprocess.blank`): it needs no OCR.
     """
 
     index: int
@@ -33,6 +34,16 @@ class Page:
     preprocess_s: float = 0.0
     orientation: bool = True
     text_layer: PageResult | None = None
+    blank: bool = False
+
+    def known_result(self) -> PageResult | None:
+        """The page's result where it needs no engine: its PDF text layer's, or for a blank page
+        one with empty text and ``source="blank"``; None for a page to OCR."""
+        if self.text_layer is not None:
+            return self.text_layer
+        if self.blank:
+            return PageResult(index=self.index, width=self.width, height=self.height, text="", source="blank")
+        return None
 
     @property
     def scale(self) -> tuple[float, float]:
@@ -59,15 +70,16 @@ class Line:
 class PageResult:
     """What an engine returns for one page (see the result JSON in DESIGN.md).
 
-    ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
-    VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
-    ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
-    ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
-    ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
-    (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
-    how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
-    ``source`` says where the text came from: ``ocr`` or the PDF's ``text_layer``; ``markup`` what
-    ``text`` is written in: ``text`` (plain), or the ``markdown`` or ``html`` a VLM was asked for.
+        ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
+        VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
+        ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
+        ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
+        ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
+        (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
+        how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
+        ``source`` says where the text came from: ``ocr``, the PDF's ``text_layer``, or ``blank`` (a page
+    with no ink, not read); ``markup`` what
+        ``text`` is written in: ``text`` (plain), or the ``markdown`` or ``html`` a VLM was asked for.
     """
 
     index: int

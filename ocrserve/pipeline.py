@@ -93,9 +93,11 @@ class PagePipeline:
             return Attempt.failed(page.index, page.problem)
         metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
         queued = time.perf_counter()
-        if page.text_layer is not None:  # a born-digital PDF page: its own text, no OCR
+        if (known := page.known_result()) is not None:  # a PDF page's own text, or a blank page: no OCR
             reservation.release(1)
-            return Attempt(with_timings(page.text_layer, page, queued))
+            if known.source == "blank":
+                metrics.BLANK_PAGES.inc()
+            return Attempt(with_timings(known, page, queued))
         try:
             result = await self.router.submit(page, reservation, work)
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry

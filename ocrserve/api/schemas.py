@@ -38,7 +38,11 @@ class PageOut(BaseModel):
         0, description="degrees the page's text was turned clockwise and read upright (0, 90, 180, 270)"
     )
     skew_deg: float = Field(0.0, description="the skew the reading order was read through, degrees")
-    source: str = Field("ocr", description="ocr, or text_layer: a born-digital PDF page's own text, without OCR")
+    source: str = Field(
+        "ocr",
+        description="ocr; text_layer: a born-digital PDF page's own text, without OCR; blank: a page with no "
+        "ink, empty text, without OCR",
+    )
     markup: str = Field(
         "text",
         description="what text is written in: text (plain), or markdown or html, as a VLM engine's task "
@@ -61,7 +65,10 @@ class OcrResult(BaseModel):
     lane: str = Field(description="fast or bulk")
     text: str = Field(description="all pages' text, pages joined by a form feed")
     pages: list[PageOut]
-    usage: dict[str, float] = Field(description="pages (succeeded) and seconds (wall time)")
+    usage: dict[str, float] = Field(
+        description="pages (succeeded, blank ones included), blank_pages (answered without the engine: no "
+        "ink) and seconds (wall time)"
+    )
 
 
 class Problem(BaseModel):

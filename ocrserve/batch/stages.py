@@ -148,8 +148,8 @@ class OcrWorker:
         if isinstance(page, DecodeFailure):
             return Attempt.failed(page.index, page.problem).result.to_dict(), False
         queued = time.perf_counter()
-        if page.text_layer is not None:  # a born-digital PDF page, as the gateway answers it
-            return with_timings(page.text_layer, page, queued).to_dict(), False
+        if (known := page.known_result()) is not None:  # a PDF's text layer or a blank page, as the gateway answers it
+            return with_timings(known, page, queued).to_dict(), False
         try:
             result = await self.engine.ocr_page(page, priority=self.priority)
         except PageError as exc:

@@ -32,6 +32,7 @@ from PIL import Image, ImageCms, ImageMode, ImageOps, ImageSequence, Unidentifie
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem, UnsupportedMedia
 from ocrserve.pages import Page
+from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
@@ -427,7 +428,9 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
 
 def _page(index: int, image: Image.Image, width: int, height: int, cfg: PreprocessConfig, started: float) -> Page:
     """The :class:`Page` of a decoded RGB ``image`` at its normalized size; ``width``/``height`` are
-    the client's pixels, ``started`` the ``time.perf_counter()`` instant decoding began."""
+    the client's pixels, ``started`` the ``time.perf_counter()`` instant decoding began. With
+    ``preprocess.blank_check`` a page with no ink is marked ``blank`` (:mod:`.blank`)."""
+    blank = cfg.blank_check and is_blank(image)
     return Page(
         index=index,
         image=np.asarray(image),
@@ -436,6 +439,7 @@ def _page(index: int, image: Image.Image, width: int, height: int, cfg: Preproce
         visual_tokens=visual_tokens(image.height, image.width, cfg.factor),
         preprocess_s=time.perf_counter() - started,
         orientation=cfg.orientation == "auto",
+        blank=blank,
     )
 
 

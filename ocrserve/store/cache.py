@@ -22,8 +22,17 @@ from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 
 #: Preprocessing settings that change the result: the pixels a model sees, whether a page's
-#: orientation is read, whether a PDF page's own text layer answers it.
-NORMALIZATION_KEYS = ("min_pixels", "max_pixels", "factor", "max_side", "pdf_dpi", "orientation", "pdf_text")
+#: orientation is read, whether a PDF page's own text layer answers it, whether a blank page is read.
+NORMALIZATION_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "factor",
+    "max_side",
+    "pdf_dpi",
+    "orientation",
+    "pdf_text",
+    "blank_check",
+)
 
 log = logging.getLogger(__name__)
 

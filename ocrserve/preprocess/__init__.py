@@ -5,7 +5,8 @@ RGB arrays whose sides are multiples of the model's ``factor`` and whose area li
 ``[min_pixels, max_pixels]`` (the rule of Qwen2-VL's ``smart_resize``). Limits are checked before
 any pixel is decoded: bytes, pages per document, and pixels per page (decompression bombs), each a
 413 problem naming the limit (pixels and decoded bytes count bit depth and channels); an unknown
-or undecodable file is a 415 problem.
+or undecodable file is a 415 problem, and so is one whose image data ends before the image does
+(:mod:`.integrity`: never filled in).
 
 Decoding is CPU-bound and PDFium is not thread-safe, so :class:`Preprocessor` runs it in decoding
 processes (:mod:`ocrserve.preprocess.pool`), a few pages per task, off the event loop; each is
@@ -34,6 +35,7 @@ from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem
 from ocrserve.pages import Page
 from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
+from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
 from ocrserve.work import is_urgent
@@ -197,7 +199,8 @@ def decoder_errors(what: str) -> Iterator[None]:
     a ``MemoryError`` is the file's doing: a 422.
 
     Raises:
-        UnsupportedMedia: the decoder raised.
+        UnsupportedMedia: the decoder raised; a cut file's "image file is truncated" becomes
+            "image data ends early" (slug ``truncated``, :mod:`.integrity`).
         PoisonDocument: decoding ran out of the process's memory.
     """
     try:
@@ -208,6 +211,10 @@ def decoder_errors(what: str) -> Iterator[None]:
         raise PoisonDocument(
             f"{what} needs more memory to decode than preprocess.worker_memory_mb allows", slug="decoder-memory"
         ) from None
+    except OSError as exc:
+        if "truncated" in str(exc):  # Pillow: "image file is truncated (N bytes not processed)"
+            raise ends_early(str(exc), what) from None
+        raise UnsupportedMedia(f"{what} cannot be decoded: {type(exc).__name__}: {exc}", slug="undecodable") from None
     except Exception as exc:  # Pillow and pdfium raise many types on malformed input
         raise UnsupportedMedia(f"{what} cannot be decoded: {type(exc).__name__}: {exc}", slug="undecodable") from None
 
@@ -227,6 +234,9 @@ def _open_image(source: Source) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
     except UnidentifiedImageError:
+        check_tiff_directory(
+            _read_head(source, 8), len(source) if isinstance(source, bytes) else Path(source).stat().st_size
+        )
         raise UnsupportedMedia(
             "not a supported document: expected JPEG, PNG, TIFF, WebP, BMP, GIF or PDF",
             slug="unsupported-media-type",
@@ -270,8 +280,9 @@ def _inspect(source: Source, head: bytes, cfg: PreprocessConfig) -> DocumentInfo
     if _is_pdf(head):
         pdf = _open_pdf(source)
         try:
-            _check_page_count(len(pdf), cfg)
-            info = DocumentInfo("pdf", len(pdf), tuple(_pdf_page_size(pdf, i, cfg) for i in range(len(pdf))))
+            sizes = _pdf_page_sizes(pdf, cfg)
+            _check_page_count(len(sizes), cfg)
+            info = DocumentInfo("pdf", len(sizes), sizes)
         finally:
             pdf.close()
     else:
@@ -297,6 +308,33 @@ def _check_page_count(count: int, cfg: PreprocessConfig) -> None:
 def _frame_size(image: Image.Image, frame: int) -> tuple[int, int]:
     image.seek(frame)
     return image.size
+
+
+def _pdf_page_sizes(pdf: pdfium.PdfDocument, cfg: PreprocessConfig) -> tuple[tuple[int, int], ...]:
+    """The size (:func:`_pdf_page_size`) of each page the PDF's page tree holds, however its root's
+    ``/Count`` lies; at most ``cfg.max_document_pages + 1`` of them (enough to refuse the document).
+
+    PDFium takes a ``/Count`` between 1 and 2^20 - 1 as the number of pages and walks the page tree
+    only for any other (``CountPages`` in ``fpdf_document``'s ``cpdf_document.cpp``): one page under
+    ``/Count 0``, ``-1`` or ``2^31`` was read, one under ``/Count 2`` or ``150`` was refused when the
+    missing second page was looked up. Every index below ``/Count`` is looked up here in turn (each
+    lookup walks the tree) and the pages are those found before the first missing one, so all five
+    read the one real page. A ``/Count`` below the real number of pages cannot be seen through:
+    PDFium looks up no page beyond it.
+
+    Raises:
+        pdfium.PdfiumError: not even the first page can be found (a tree with no leaf, or a loop).
+    """
+    sizes = []
+    for index in range(min(len(pdf), cfg.max_document_pages + 1)):
+        try:
+            sizes.append(_pdf_page_size(pdf, index, cfg))
+        except pdfium.PdfiumError:
+            if index == 0:
+                raise
+            log.info("PDF /Count says %d pages; its page tree holds %d", len(pdf), index)
+            break
+    return tuple(sizes)
 
 
 def _pdf_page_size(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> tuple[int, int]:
@@ -390,6 +428,7 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
     image.seek(frame)
     _check_pixels(*image.size, cfg, index)
     _check_bytes(image, cfg, index)
+    check_image_data(image, frame, f"page {index + 1}")
     width, height = _oriented_size(image)
     out_w, out_h = target_size(width, height, cfg)
     if image.format == "JPEG" and out_w < width:

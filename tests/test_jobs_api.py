@@ -322,7 +322,7 @@ def test_a_jobs_timeout_is_its_deadline(http):
     """``timeout`` on a job (here through ``Prefer: respond-async``) is kept with it: pages not done
     that long after the 202 fail with 504, at once and without retries (the deadline stays passed)."""
     response = http.post(
-        "/v1/ocr?timeout=0.01",  # the least a timeout may be (MIN_TIMEOUT_S)
+        "/v1/ocr?timeout=0.001",
         content=numbered_tiff(3, first=80),
         headers={"content-type": "image/tiff", "prefer": "respond-async"},
     )

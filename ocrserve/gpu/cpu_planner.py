@@ -46,14 +46,13 @@ from ocrserve.gpu.memory import KV_CACHE_DTYPE_BYTES, PlanError, engine_for, gib
 from ocrserve.gpu.planner import (
     Plan,
     Step,
-    _admission,
-    _check_factor,
-    _check_release,
-    _visual_derivation,
-    _weights_derivation,
+    admission_steps,
+    check_factor,
+    check_release,
+    page_steps,
+    weights_derivation,
 )
 from ocrserve.gpu.registry import GIB
-from ocrserve.gpu.vllm_versions import installed_version
 from ocrserve.models import TEXT, ModelSpec
 
 CPU_BLOCK_SIZE = 128
@@ -185,8 +184,8 @@ def plan_cpu_serving(
     warnings: list[str] = []
     engine = engine_for(vllm_version, overrides)
     check_head_size(model, engine.kv_cache_dtype)  # first: no other setting makes such a model run
-    _check_factor(model, factor, warnings)
-    _check_release(model, engine, warnings)
+    check_factor(model, factor, warnings)
+    check_release(model, engine, warnings)
     model, dtype, dtype_why = cpu_dtype(model, host, overrides.get("dtype"), warnings)
     try:
         threads = plan_threads(host, threads_bind)
@@ -256,35 +255,11 @@ def plan_cpu_serving(
         seqs_why = f"min(KV cache {fit}, {threads.count} threads x {SEQS_PER_THREAD} = {by_threads})"
     kv_tokens = cpu_kv_tokens(kv_bytes, per_token, page)
     kv_dtype_bytes = KV_CACHE_DTYPE_BYTES[engine.kv_cache_dtype] or model.dtype_bytes
-    steps = [
-        Step(
-            "vllm_version",
-            "vLLM planned for",
-            engine.accounting.name,
-            "",
-            "the installed vLLM"
-            if vllm_version is None and installed_version()
-            else "--vllm-version / vllm.version"
-            if vllm_version
-            else "vLLM is not installed here: the newest release the planner knows",
-        ),
-        Step("dtype", "--dtype", dtype, "", dtype_why),
-        Step(
-            "visual_tokens", "visual tokens per page (max)", budget.visual, "tokens", _visual_derivation(model, budget)
-        ),
-        Step(
-            "prompt_tokens", "prompt tokens (estimate)", budget.prompt, "tokens", "longest task prompt + chat template"
-        ),
-        Step("output_tokens", "output budget per page", budget.max_tokens, "tokens", "max_tokens"),
-        Step(
-            "page_tokens",
-            "tokens per page",
-            page,
-            "tokens",
-            f"{budget.visual} visual + {budget.prompt} prompt + {budget.max_tokens} output = {page}",
-        ),
+    steps = page_steps(model, budget, engine, vllm_version, max_tokens_given=max_tokens is not None)
+    steps.insert(1, Step("dtype", "--dtype", dtype, "", dtype_why))
+    steps += [
         Step("available_bytes", "host memory available", host.available_bytes, "bytes", host.source),
-        Step("weights_bytes", "weights", mem.weights, "bytes", _weights_derivation(model, "")),
+        Step("weights_bytes", "weights", mem.weights, "bytes", weights_derivation(model, "")),
         Step(
             "activation_bytes",
             "profile-pass activation peak (estimate)",
@@ -356,7 +331,7 @@ def plan_cpu_serving(
         args["mm_processor_kwargs"] = {"min_pixels": budget.min_pixels, "max_pixels": budget.max_pixels}
     args["scheduling_policy"] = "priority"
     in_flight = math.ceil(seqs * gateway_overcommit) + gateway_burst
-    steps += _admission(args, engine, budget, in_flight)
+    steps += admission_steps(args, engine, budget, in_flight)
     skip = {"gpu_memory_utilization", "max_num_seqs", "kv_cache_memory_bytes", "dtype"}
     for key, value in overrides.items():
         if value in ("auto", None) or value is False or key in skip:

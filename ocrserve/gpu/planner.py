@@ -180,7 +180,12 @@ class Plan:
         }
 
 
-def _check_factor(model: ModelSpec, factor: int | None, warnings: list[str]) -> None:
+def check_factor(model: ModelSpec, factor: int | None, warnings: list[str]) -> None:
+    """Check ``preprocess.factor`` against the model's patch x merge factor (a multiple of it).
+
+    Raises:
+        PlanError: not a multiple, so vLLM would resize every page again.
+    """
     if factor is None or not model.supports_pixel_budget:
         return
     if factor % model.factor:
@@ -277,7 +282,8 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine
     return "; ".join(ideas) if ideas else "nothing in the registry fits this page budget"
 
 
-def _weights_derivation(model: ModelSpec, shards: str) -> str:
+def weights_derivation(model: ModelSpec, shards: str) -> str:
+    """How the weights' bytes were found, for the plan's table (``shards``: e.g. ``" / 2 GPUs"``)."""
     if model.weight_bytes:
         how = model.quantization or model.dtype
         return f"{model.weight_bytes:,} B ({how}){shards} [{model.sources.get('weight_bytes', '')}]"
@@ -315,7 +321,7 @@ def _memory_steps(
             f"{gpu.memory_gib:.2f} GiB (as CUDA reports it) x gpu_memory_utilization {util:g} = {gib(mem.usable)} "
             "per GPU",
         ),
-        Step("weights_bytes", "weights", mem.weights, "bytes", _weights_derivation(model, shards)),
+        Step("weights_bytes", "weights", mem.weights, "bytes", weights_derivation(model, shards)),
         Step(
             "lm_activation_bytes",
             "decoder activation peak (estimate)",
@@ -512,9 +518,9 @@ def plan_serving(
             "sizes the KV cache from gpu_memory_utilization"
         )
     warnings: list[str] = []
-    _check_factor(model, factor, warnings)
+    check_factor(model, factor, warnings)
     engine = engine_for(vllm_version, overrides or {})
-    _check_release(model, engine, warnings)
+    check_release(model, engine, warnings)
     model = _with_dtype(model, gpu, (overrides or {}).get("dtype"))
     check_headroom(gpu, gpu_memory_utilization, engine)
     budget = page_budget(model, min_pixels, max_pixels, max_tokens)
@@ -536,43 +542,7 @@ def plan_serving(
             f"lower max_tokens ({budget.max_tokens}) or max_pixels"
         )
 
-    steps = [
-        Step(
-            "vllm_version",
-            "vLLM planned for",
-            engine.accounting.name,
-            "",
-            "the installed vLLM"
-            if vllm_version is None and installed_version()
-            else "--vllm-version / vllm.version"
-            if vllm_version
-            else f"vLLM is not installed here: the newest release the planner knows ({NEWEST})",
-        ),
-        Step(
-            "visual_tokens", "visual tokens per page (max)", budget.visual, "tokens", _visual_derivation(model, budget)
-        ),
-        Step(
-            "prompt_tokens",
-            "prompt tokens (estimate)",
-            budget.prompt,
-            "tokens",
-            f"longest task prompt, ceil(UTF-8 bytes / 2) + chat template [{model.sources.get('prompts', '')}]",
-        ),
-        Step(
-            "output_tokens",
-            "output budget per page",
-            budget.max_tokens,
-            "tokens",
-            f"max_tokens [{model.sources.get('sampling', '')}]" if max_tokens is None else "max_tokens (given)",
-        ),
-        Step(
-            "page_tokens",
-            "tokens per page",
-            page,
-            "tokens",
-            f"{budget.visual} visual + {budget.prompt} prompt + {budget.max_tokens} output = {page}",
-        ),
-    ]
+    steps = page_steps(model, budget, engine, vllm_version, max_tokens_given=max_tokens is not None)
     fit = mem.seqs(page)
     steps.append(
         Step(
@@ -612,8 +582,8 @@ def plan_serving(
             )
         seqs, why = max_num_seqs, f"requested {max_num_seqs} (memory allows {fit})"
     kv_tokens = mem.kv_tokens(seqs)
-    page_steps = 5  # the release and the page's tokens come first, then the memory that holds them
-    steps[page_steps:page_steps] = _memory_steps(model, gpu, util, mem, budget, engine, seqs, shards)
+    first = 5  # the release and the page's tokens (page_steps) come first, then the memory that holds them
+    steps[first:first] = _memory_steps(model, gpu, util, mem, budget, engine, seqs, shards)
     steps += [
         Step("max_num_seqs", "--max-num-seqs", seqs, "seqs", why + " (per replica)"),
         Step(
@@ -640,12 +610,63 @@ def plan_serving(
     ]
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
     in_flight = math.ceil(seqs * (gpus if strategy == "replicas" else 1) * gateway_overcommit) + gateway_burst
-    steps += _admission(args, engine, budget, in_flight)
+    steps += admission_steps(args, engine, budget, in_flight)
     _apply_overrides(args, overrides or {}, model, budget, kv_tokens)
     return Plan(model, gpu, gpus, strategy, args, model.vllm_flags, steps, warnings, engine.accounting.name)
 
 
-def _visual_derivation(model: ModelSpec, budget: Budget) -> str:
+def page_steps(
+    model: ModelSpec, budget: Budget, engine: Engine, vllm_version: str | None, *, max_tokens_given: bool
+) -> list[Step]:
+    """The plan's first steps, alike for a GPU and a CPU host: the vLLM release planned for, then one
+    page's tokens (visual at the pixel budget, prompt, output budget, and their sum).
+
+    Args:
+        model, budget, engine: the model, its page budget and the vLLM release's engine arguments.
+        vllm_version: the release asked for (``--vllm-version``), None for the installed or newest.
+        max_tokens_given: whether the output budget was given rather than the model recipe's.
+    """
+    return [
+        Step(
+            "vllm_version",
+            "vLLM planned for",
+            engine.accounting.name,
+            "",
+            "the installed vLLM"
+            if vllm_version is None and installed_version()
+            else "--vllm-version / vllm.version"
+            if vllm_version
+            else f"vLLM is not installed here: the newest release the planner knows ({NEWEST})",
+        ),
+        Step(
+            "visual_tokens", "visual tokens per page (max)", budget.visual, "tokens", visual_derivation(model, budget)
+        ),
+        Step(
+            "prompt_tokens",
+            "prompt tokens (estimate)",
+            budget.prompt,
+            "tokens",
+            f"longest task prompt, ceil(UTF-8 bytes / 2) + chat template [{model.sources.get('prompts', '')}]",
+        ),
+        Step(
+            "output_tokens",
+            "output budget per page",
+            budget.max_tokens,
+            "tokens",
+            "max_tokens (given)" if max_tokens_given else f"max_tokens [{model.sources.get('sampling', '')}]",
+        ),
+        Step(
+            "page_tokens",
+            "tokens per page",
+            budget.page_tokens,
+            "tokens",
+            f"{budget.visual} visual + {budget.prompt} prompt + {budget.max_tokens} output = {budget.page_tokens}",
+        ),
+    ]
+
+
+def visual_derivation(model: ModelSpec, budget: Budget) -> str:
+    """How a page's visual tokens follow from the pixel budget, for the plan's table."""
     if model.token_formula == TEXT:
         return "a text-only model: no image"
     if not model.supports_pixel_budget:
@@ -747,7 +768,7 @@ def _check_model_len(value: int, model: ModelSpec, kv_tokens: int) -> None:
         )
 
 
-def _admission(args: dict[str, object], engine: Engine, budget: Budget, in_flight: int) -> list[Step]:
+def admission_steps(args: dict[str, object], engine: Engine, budget: Budget, in_flight: int) -> list[Step]:
     """Bound vLLM's own queue where the release can (``--max-num-queued-reqs`` counts waiting and
     running requests, ``--max-num-queued-tokens`` prompt tokens in prefill; over either vLLM answers
     503, which the gateway takes as backpressure): to the pages the gateway keeps in flight."""
@@ -785,7 +806,7 @@ def _admission(args: dict[str, object], engine: Engine, budget: Budget, in_fligh
     ]
 
 
-def _check_release(model: ModelSpec, engine: Engine, warnings: list[str]) -> None:
+def check_release(model: ModelSpec, engine: Engine, warnings: list[str]) -> None:
     """Refuse a release older than the model needs (the registry's ``min_vllm``); warn about one
     newer than the planner has read (its rules are taken as the newest's)."""
     release = engine.accounting.version

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ocrserve.bench.harness import REPO, LocalGateway, free_port, wait_until_200
+from ocrserve.bench.harness import REPO, LocalGateway, free_port, stop_group, wait_until_200
 from ocrserve.evaluation import locate_corpus
 from tests.skips import pytest_collectreport, pytest_runtest_logreport  # noqa: F401 (hooks: the skip report)
 
@@ -70,9 +69,7 @@ class Replica:
         return self
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
+        stop_group(self.proc)
 
 
 #: What every test gateway runs with: one decoding process (CI has 2 cores), and no calibration at

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ocrserve.bench.harness import REPO, free_port, wait_until_200
+from ocrserve.bench.harness import REPO, free_port, stop_group, wait_until_200
 
 #: The model id the server answers to (``--served-model-name``): the registry's, as in prod.
 SERVED_MODEL = "tencent/HunyuanOCR"
@@ -152,10 +151,4 @@ class RealVllm:
 
     def stop(self) -> None:
         """SIGTERM vLLM's process group (it stops in ~2 s), SIGKILL after 30 s."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)

@@ -62,20 +62,26 @@ class LocalGateway:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the process group, then SIGKILL if it lingers."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        """SIGTERM the process group, then SIGKILL if it lingers (:func:`stop_group`)."""
+        stop_group(self.proc)
 
     def __enter__(self) -> LocalGateway:
         return self.wait_ready()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stop ``proc``'s process group (a process started with ``start_new_session``): SIGTERM, then
+    SIGKILL after ``grace_s`` seconds; nothing where it has already exited."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def wait_until_200(proc: subprocess.Popen, url: str, name: str, timeout: float) -> None:

@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ocrserve.bench.harness import LocalGateway
 from ocrserve.bench.load import count_pages, http_client, load_documents, send
 from ocrserve.config import load_config
 from ocrserve.evaluation import locate_corpus
+from ocrserve.extras import MissingExtra, require
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff"}
 
@@ -133,6 +135,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
+    try:
+        require("ray", "scripts/bench_batch.py (ocrserve batch)")
+    except MissingExtra as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
     corpus = args.corpus or locate_corpus()
     images = corpus_images(corpus, args.only) if corpus else {}
     if not images:

@@ -32,10 +32,12 @@ import pypdfium2
 from PIL import Image
 from rapidocr import RapidOCR
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ocrserve.evaluation import BAG_F1, CER, PAGE_BREAK, Document, Score, load_index, locate_corpus, score
+from ocrserve.extras import MissingExtra, require
 
 PDF_DPI = 200
 REQUEST_TIMEOUT_S = 900.0
@@ -262,6 +264,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)  # whole table when piped to a file
+    try:
+        require("eval", "scripts/eval_corpus.py (CER)")
+    except MissingExtra as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
     corpus = args.corpus or locate_corpus()
     if corpus is None or not (corpus / "index.json").is_file():
         console.print("[red]corpus not found[/]: pass --corpus or set OCRSERVE_CORPUS")

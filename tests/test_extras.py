@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ocrserve.bench.harness import REPO
 from ocrserve.extras import MissingExtra, require, unmet_requirements
 from tests.conftest import DATA
 
@@ -134,3 +135,24 @@ def test_a_command_whose_extra_is_not_installed_names_it(extra, args, tmp_path):
     done = ocrserve(*(arg.format(tmp=tmp_path / "out") for arg in args))
     assert_names_the_extra(done, extra, "")
     assert "is not installed" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "extra", "dist"), [("eval_corpus.py", "eval", "rapidfuzz"), ("bench_batch.py", "ray", "ray")]
+)
+def test_scripts_name_their_extra(script, extra, dist, tmp_path):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(old_release(tmp_path, dist)), os.environ.get("PYTHONPATH")])),
+    )
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"needs the {extra} extra ({dist} 0.1" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -80,7 +80,8 @@ def test_the_mixed_scenario_reports_both_ratios(gateway, tmp_path):
     for sample in ("phototest.tif", "testTIFF_multipage.tif"):
         (tmp_path / "docs" / sample).write_bytes((DATA / sample).read_bytes())
     command = [sys.executable, "-m", "ocrserve", "bench", "--url", gateway.url, "--corpus", str(tmp_path / "docs")]
-    command += ["--scenario", "mixed", "--concurrency", "1", "--duration", "2", "--interval", "0.5"]
+    # 4 s: at 2 s a busy machine finished one interactive page alone
+    command += ["--scenario", "mixed", "--concurrency", "1", "--duration", "4", "--interval", "0.5"]
     command += ["--out", str(tmp_path / "out")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout + done.stderr

@@ -239,3 +239,25 @@ def test_unreachable_redis_fails_readiness_and_recovers(tmp_path):
     finally:
         redis.stop()
     assert_logged_once_each_way(log)
+
+
+@pytest.mark.redis
+def test_the_ready_line_waits_for_a_store_unreachable_at_start(tmp_path):
+    """Warm with its Redis store down, a gateway says so and logs that it is ready only once
+    ``/readyz`` can answer 200."""
+    log = tmp_path / "gateway.log"
+    redis = PersistentRedis(tmp_path / "redis")
+    redis.stop()
+    with log.open("ab") as out:
+        gw = LocalGateway(*TEST_OVERRIDES, f"store.url={redis.url}", "store.probe_interval_s=0.5", log=out)
+    try:
+        wait_for(lambda: log_lines(log, "engine warm; /readyz answers 503 until the job store recovers"), 120)
+        assert httpx.get(gw.url + "/readyz", timeout=30).status_code == 503
+        assert log_lines(log, " ready on ") == 0
+        redis.start()
+        wait_for(lambda: httpx.get(gw.url + "/readyz", timeout=30).status_code == 200, timeout=30)
+        wait_for(lambda: log_lines(log, " ready on "), timeout=10)
+        assert log_lines(log, " ready on ") == 1
+    finally:
+        gw.stop()
+        redis.stop()

@@ -47,6 +47,11 @@ async def _warm_up(app: FastAPI) -> None:
         await _calibrate(state)
     state.warm = True
     metrics.ENGINE_READY.set(1)
+    health = state.jobs.health
+    if health.failing.holds:  # /readyz waits for the store too: so does the line that says ready
+        log.warning("engine warm; /readyz answers 503 until the job store recovers (%s)", health.failing.reason)
+        while health.failing.holds:
+            await asyncio.sleep(state.config.store.probe_interval_s)
     _log_ready(state)
 
 

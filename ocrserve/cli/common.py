@@ -15,7 +15,9 @@ from ocrserve.config import Config, ConfigError, load_config
 from ocrserve.extras import MissingExtra, require
 from ocrserve.inputs import collect_documents
 
-err_console = Console(stderr=True)
+#: stderr: errors and notes are single lines that a pipe, a log file or CI keeps whole (the terminal
+#: wraps them); progress bars still fit the terminal's width.
+err_console = Console(stderr=True, soft_wrap=True)
 
 #: The repeatable ``--set key=value`` option of the commands that load a profile.
 Overrides = Annotated[

@@ -575,6 +575,23 @@ class VllmConfig(Section):
         description="vllm.device=cpu: VLLM_CPU_OMP_THREADS_BIND (a CPU list such as 0-15, or nobind); auto = "
         "one thread per physical core, one core reserved from 4 cores",
     )
+    kv_overflow_target: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        exclude=True,
+        description="Plan --max-num-seqs statistically: the most pages whose KV cache outgrows vLLM's with at most "
+        "this chance (e.g. 0.01); unset = the worst case (every page at max_tokens, never preempted)",
+    )
+    output_lengths: str = Field(
+        "",
+        exclude=True,
+        description="Output tokens per page for the statistical plan: a bench report (report.json) or a corpus "
+        "folder (index.json); empty = the registry's prior",
+    )
+    speculative: bool = Field(
+        False, exclude=True, description="Emit --speculative-config from the model's registry entry (draft or MTP)"
+    )
     health_timeout_s: float = Field(
         1800.0, gt=0, exclude=True, description="How long vLLM may take to answer /health (download + load), s"
     )

@@ -28,6 +28,7 @@ def test_default_model_is_hunyuan():
     assert DEFAULT_MODEL == "tencent/HunyuanOCR"
     assert set(REGISTRY) == {
         "tencent/HunyuanOCR",
+        "tencent/HunyuanOCR-1.5",
         "PaddlePaddle/PaddleOCR-VL",
         "deepseek-ai/DeepSeek-OCR",
         "rednote-hilab/dots.ocr",
@@ -249,7 +250,7 @@ def _edit(folder, name, change):
 
 def test_registry_files_load_and_validate():
     names = sorted(f.name for f in REGISTRY_DIR.iterdir() if f.name.endswith(".yaml"))
-    assert len(names) == len(REGISTRY) == 7  # one file per entry, shipped as package data
+    assert len(names) == len(REGISTRY) == 8  # one file per entry, shipped as package data
     loaded = load_registry()
     assert list(loaded.specs) == list(REGISTRY)  # listing order from the files' `order`
     assert list(REGISTRY)[0] == DEFAULT_MODEL
@@ -336,6 +337,7 @@ def test_invalid_yaml_names_its_file(tmp_path):
 # model's budget, at [512^2, 2048^2] and at [3136, 1e6]).
 BEFORE = [
     ("tencent/HunyuanOCR", (8692, 8660, 1642, 4354, 302), 16514, 4354, 1002),
+    ("tencent/HunyuanOCR-1.5", (8692, 8660, 1642, 4354, 302), 16514, 4354, 1002),  # 1.0's backbone
     ("PaddlePaddle/PaddleOCR-VL", (3550, 3550, 2116, 3346, 204), 3600, 5349, 1275),
     ("deepseek-ai/DeepSeek-OCR", (903, 893, 693, 933, 273), 933, None, None),
     ("rednote-hilab/dots.ocr", (11125, 11125, 2116, 5274, 77), 14400, 5349, 1275),

@@ -17,6 +17,8 @@ from ocrserve.config import ConfigError, load_config
 from ocrserve.gpu.cpu_planner import plan_cpu_serving
 from ocrserve.gpu.defaults import compare_defaults
 from ocrserve.gpu.host import HostError, detect_host
+from ocrserve.gpu.lengths import LengthsError, prior
+from ocrserve.gpu.lengths import load as load_lengths
 from ocrserve.gpu.planner import Plan, PlanError, plan_serving
 from ocrserve.gpu.registry import GpuError, resolve_gpu
 from ocrserve.models import DEFAULT_MODEL, ModelError, get_model, list_models
@@ -69,6 +71,10 @@ def _profile_settings(profile: str, model: str | None, overrides: list[str]) -> 
         "overcommit": config.router.slot_overcommit,
         "burst": config.router.fast.burst_slots,
         "device": config.vllm.device,
+        "overflow": config.vllm.kv_overflow_target,
+        "output_lengths": config.vllm.output_lengths,
+        "speculative": config.vllm.speculative,
+        "task": config.engine.vllm.task,
         "cpu": {
             "memory_gib": config.vllm.cpu_memory_gib,
             "kv_cache_fraction": config.vllm.cpu_kv_cache_fraction,
@@ -130,6 +136,28 @@ def plan(
             "plan (start-up failure, chunked prefill, preemption); --format json for the same as JSON.",
         ),
     ] = False,
+    output_lengths: Annotated[
+        str | None,
+        typer.Option(
+            help="Output tokens per page: a bench report (report.json or its folder) or a corpus folder (index.json); "
+            "default: the registry's prior (or vllm.output_lengths).",
+        ),
+    ] = None,
+    overflow: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=0.999,
+            help="Plan --max-num-seqs statistically: the most pages whose KV cache outgrows vLLM's with at most this "
+            "chance (e.g. 0.01; vllm.kv_overflow_target). Default: the worst case, shown beside it.",
+        ),
+    ] = None,
+    speculative: Annotated[
+        bool,
+        typer.Option(
+            "--speculative", help="Emit --speculative-config from the model's registry entry (vllm.speculative)."
+        ),
+    ] = False,
     set_: Overrides = None,
 ) -> None:
     """Plan `vllm serve` flags for an OCR model on a GPU, showing how each number is derived.
@@ -160,6 +188,10 @@ def plan(
 
         ocrserve plan --gpu "RTX 4090" --compare-defaults     # why not vllm serve's own defaults?
 
+        ocrserve plan --gpu "H100 80GB" --overflow 0.01 --output-lengths bench-out/report.json
+
+        ocrserve plan --model tencent/HunyuanOCR-1.5 --gpu "H100 80GB" --speculative
+
         ocrserve plan --profile cpu-vllm --set engine.model=./my-model     # vLLM's CPU backend on this host
     """
     settings = _profile_settings(profile, model, list(set_ or []))
@@ -187,6 +219,10 @@ def plan(
         return
     try:
         spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
+        lengths_from = output_lengths or settings.get("output_lengths") or None
+        lengths = load_lengths(lengths_from) if lengths_from else None
+        target = overflow if overflow is not None else settings.get("overflow")
+        compared = fmt is not Format.argv and not compare_defaults_
         gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
         util = gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90
         result = plan_serving(
@@ -204,8 +240,12 @@ def plan(
             vllm_version=vllm_version or settings.get("vllm_version"),
             gateway_overcommit=settings.get("overcommit", 1.0),
             gateway_burst=settings.get("burst", 0),
+            output_lengths=lengths or (_prior(spec, settings.get("task", "text")) if compared else None),
+            overflow_target=target,
+            speculative=speculative or bool(settings.get("speculative")),
+            predict=compared,
         )
-    except (ModelError, GpuError, PlanError) as exc:
+    except (ModelError, GpuError, PlanError, LengthsError) as exc:
         raise _fail(str(exc)) from None
     if compare_defaults_:
         _print_defaults(result, fmt)
@@ -215,6 +255,11 @@ def plan(
         Console().print(rendered)
     else:
         typer.echo(rendered)
+
+
+def _prior(spec, task: str):
+    """The registry's output-length prior of ``spec`` for ``task``."""
+    return prior(spec.id, task, spec.output_tokens, spec.sources.get("output_tokens", ""))
 
 
 def _plan_cpu(

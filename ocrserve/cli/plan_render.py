@@ -69,9 +69,73 @@ def render_table(plan: Plan, command: bool = True):
     table = Table("quantity", "value", "derivation", title=title, show_lines=False, expand=False)
     for step in plan.steps:
         table.add_row(escape(step.label), _show(step), escape(step.derivation))
-    parts = [table, *([Text("vLLM command line:", style="bold"), Text(render_argv(plan))] if command else [])]
+    parts = [table]
+    if plan.concurrency is not None:
+        parts.append(render_concurrency(plan))
+    parts += [Text("vLLM command line:", style="bold"), Text(render_argv(plan))] if command else []
     parts += [Text("warning: " + w, style="yellow") for w in plan.warnings]
     return Group(*parts)
+
+
+def render_concurrency(plan: Plan):
+    """A Rich table of ``plan.concurrency``: worst-case, statistical and vLLM's default
+    ``--max-num-seqs`` with their overflow chance, expected KV use and the scheduler model's
+    predicted pages/s, p95 and preemptions (labelled predictions)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    c = plan.concurrency
+    planned = plan.vllm_args.get("max_num_seqs")
+    table = Table(
+        "--max-num-seqs",
+        "N",
+        "P(overflow)",
+        "expected KV use",
+        "pages/s (predicted)",
+        "p95 s (predicted)",
+        "preemptions/page (predicted)",
+        title=f"pages at once: worst case vs statistical (target {c.target:g}) vs vLLM's default",
+    )
+    for cand in c.candidates:
+        p = c.predictions.get(cand.seqs)
+        mark = " (planned)" if cand.seqs == planned else ""
+        table.add_row(
+            cand.name + mark,
+            f"{cand.seqs:,}",
+            _share(cand.overflow),
+            f"{cand.kv_use:.0%}",
+            f"{p.pages_per_s:.2f}" if p else "-",
+            f"{p.p95_s:.1f}" if p else "-",
+            f"{p.preemptions_per_page:.3f}" if p else "-",
+        )
+    notes = [
+        f"output lengths: {c.lengths.describe(_max_tokens(plan))}",
+        "P(overflow): chance that N pages, all at their final lengths, need more KV blocks than the cache (exact); "
+        "expected KV use: N pages' mean blocks over the cache. An overflow preempts the newest page, which later "
+        "recomputes its prefill; no page is cut (max_tokens stays the full budget).",
+    ]
+    if c.predictions:
+        notes.append(
+            "predictions, not measurements: a model of vLLM's scheduler (block admission, decode steps, "
+            f"preemption by recompute), closed loop with N pages in flight; {c.step_time}"
+        )
+    return Group(table, *(Text(n, style="dim") for n in notes))
+
+
+def _share(p: float) -> str:
+    if p >= 0.9995:
+        return "~100%"
+    if p == 0:
+        return "0"
+    return f"{p:.2%}" if p >= 0.0001 else f"{p:.1e}"
+
+
+def _max_tokens(plan: Plan) -> int:
+    try:
+        return int(plan.value("output_tokens"))
+    except KeyError:
+        return plan.model.max_tokens
 
 
 def render_defaults(plan: Plan, rows: list[Difference]):

@@ -21,7 +21,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ocrserve.gpu.concurrency import Concurrency, compare
 from ocrserve.gpu.host import HostSpec
+from ocrserve.gpu.lengths import OutputLengths, prior
 from ocrserve.gpu.memory import (
     ACTIVATION_BYTES,
     BATCHED_TOKENS_ALIGN,
@@ -44,7 +46,9 @@ from ocrserve.gpu.memory import (
     memory_for,
     page_budget,
 )
+from ocrserve.gpu.overflow import DEFAULT_OVERFLOW_TARGET
 from ocrserve.gpu.registry import GPUS, GpuSpec
+from ocrserve.gpu.scheduler_model import GpuStepTime
 from ocrserve.gpu.vllm_versions import NEWEST, installed_version
 from ocrserve.gpu.vllm_versions import release as vllm_release
 from ocrserve.models import TEXT, ModelSpec
@@ -102,6 +106,8 @@ class Plan:
             where ``gpu`` is the :class:`~ocrserve.gpu.host.HostSpec` and ``strategy`` ``"cpu"``.
         env: environment variables the ``vllm serve`` process needs (the CPU backend's thread
             binding); the launcher sets them on the child.
+        concurrency: ``--max-num-seqs`` worst case, statistical and vLLM's default side by side,
+            with predictions (:mod:`ocrserve.gpu.concurrency`); None when not asked for.
     """
 
     model: ModelSpec
@@ -115,6 +121,7 @@ class Plan:
     vllm_version: str = NEWEST
     device: str = "gpu"
     env: dict[str, str] = field(default_factory=dict)
+    concurrency: Concurrency | None = None
 
     def value(self, key: str) -> object:
         """The value of the step named ``key``.
@@ -177,6 +184,7 @@ class Plan:
                 for s in self.steps
             ],
             "warnings": list(self.warnings),
+            **({"concurrency": self.concurrency.to_dict()} if self.concurrency else {}),
         }
 
 
@@ -479,6 +487,11 @@ def plan_serving(
     vllm_version: str | None = None,
     gateway_overcommit: float = 1.0,
     gateway_burst: int = 0,
+    output_lengths: OutputLengths | None = None,
+    overflow_target: float | None = None,
+    speculative: bool = False,
+    predict: bool = False,
+    task: str = "text",
 ) -> Plan:
     """Plan ``vllm serve`` for ``model`` on ``gpus`` x ``gpu`` with the start-up accounting of
     ``vllm_version``.
@@ -502,6 +515,16 @@ def plan_serving(
         gateway_overcommit, gateway_burst: the gateway keeps ``ceil(max_num_seqs x overcommit) +
             burst`` pages in flight (``router.slot_overcommit``, ``router.fast.burst_slots``); that
             sizes ``--max-num-queued-reqs`` where the release has it.
+        output_lengths: the output-length model (:mod:`ocrserve.gpu.lengths`); given, or with
+            ``overflow_target``, the plan compares worst-case, statistical and vLLM's default
+            ``--max-num-seqs`` (``Plan.concurrency``); None with a target: the registry's prior
+            for ``task``.
+        overflow_target: chance that the running pages outgrow the KV cache the plan accepts;
+            given, ``--max-num-seqs`` is the statistical ``N`` instead of the worst case.
+        speculative: emit ``--speculative-config`` from the model's registry entry, with the
+            draft's weights and KV in the memory arithmetic.
+        predict: run the scheduler model for each compared ``N`` (pages/s, p95, preemptions).
+        task: the task whose prior is used when no ``output_lengths`` is given.
 
     Raises:
         PlanError: the model does not fit (the message says what would), a requested value is
@@ -524,6 +547,9 @@ def plan_serving(
     model = _with_dtype(model, gpu, (overrides or {}).get("dtype"))
     check_headroom(gpu, gpu_memory_utilization, engine)
     budget = page_budget(model, min_pixels, max_pixels, max_tokens)
+    served, draft_steps, lookahead = model, [], 0
+    if speculative:
+        model, draft_steps, lookahead = _with_draft(model)
     if model.max_pixels and budget.max_pixels and budget.max_pixels > model.max_pixels:
         warnings.append(
             f"max_pixels {budget.max_pixels:,} exceeds the model card's {model.max_pixels:,}: "
@@ -573,8 +599,47 @@ def plan_serving(
         cap, derivation = _p95_cap(model, gpu, mem, budget, p95_seconds)
         steps.append(Step("seqs_by_p95", "pages within the p95 target (estimate)", cap, "seqs", derivation))
         seqs, why = min(seqs, cap), why + f", p95 {cap}"
+    concurrency = None
+    if output_lengths is not None or overflow_target is not None:
+        target = DEFAULT_OVERFLOW_TARGET if overflow_target is None else overflow_target
+        if not 0 <= target < 1:
+            raise PlanError(f"--overflow / vllm.kv_overflow_target must be in [0, 1), got {target}")
+        lengths = output_lengths or prior(
+            served.id, task, served.output_tokens, served.sources.get("output_tokens", "")
+        )
+        step_time = None
+        if predict and gpu.bandwidth_bytes_per_s > 0:
+            step_time = GpuStepTime(
+                mem.weights, mem.kv_per_token, model.parameters, gpu.bandwidth_bytes_per_s * BANDWIDTH_EFFICIENCY
+            )
+        concurrency = compare(
+            mem,
+            budget,
+            lengths,
+            target,
+            worst_case=min(fit, MAX_NUM_SEQS_CAP),
+            vllm_default=engine.accounting.default_batch(gpu)[0],
+            cap=MAX_NUM_SEQS_CAP,
+            lookahead=lookahead,
+            step_time=step_time,
+            speedup=[(int(c), s) for c, s in (served.speculative or {}).get("speedup", [])] if speculative else (),
+        )
+        steps += _concurrency_steps(concurrency, budget, target)
+        if predict and step_time is None:
+            warnings.append(f"no predicted pages/s: {gpu.name}'s memory bandwidth is unknown (name a registry GPU)")
+        if overflow_target is not None:
+            chosen = concurrency.candidate("statistical")
+            seqs, why = (
+                chosen.seqs,
+                (
+                    f"statistical: P(overflow) {chosen.overflow:.2%} <= {target:g} (worst case {fit}, CUDA-graph cap "
+                    f"{MAX_NUM_SEQS_CAP})"
+                ),
+            )
+            if seqs < 1:
+                raise PlanError(f"no --max-num-seqs keeps the overflow chance within {target:g}: raise --overflow")
     if max_num_seqs is not None:
-        if max_num_seqs > fit:
+        if max_num_seqs > fit and overflow_target is None:
             raise PlanError(
                 f"max_num_seqs={max_num_seqs} does not fit: memory holds {fit} pages of {page} tokens "
                 f"on {gpu.name}. What would fit {max_num_seqs}: "
@@ -608,11 +673,83 @@ def plan_serving(
         Step("max_model_len", "--max-model-len", page, "tokens", "one page: visual + prompt + output budget"),
         *parallel_steps,
     ]
+    steps += draft_steps
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
+    if speculative:
+        spec = served.speculative
+        args["speculative_config"] = {
+            "method": spec["method"],
+            **({"model": spec["model"]} if spec.get("model") else {}),
+            "num_speculative_tokens": spec["num_speculative_tokens"],
+        }
     in_flight = math.ceil(seqs * (gpus if strategy == "replicas" else 1) * gateway_overcommit) + gateway_burst
     steps += admission_steps(args, engine, budget, in_flight)
     _apply_overrides(args, overrides or {}, model, budget, kv_tokens)
-    return Plan(model, gpu, gpus, strategy, args, model.vllm_flags, steps, warnings, engine.accounting.name)
+    return Plan(
+        served,
+        gpu,
+        gpus,
+        strategy,
+        args,
+        served.vllm_flags,
+        steps,
+        warnings,
+        engine.accounting.name,
+        concurrency=concurrency,
+    )
+
+
+def _with_draft(model: ModelSpec) -> tuple[ModelSpec, list[Step], int]:
+    """``model`` with its speculative draft's weights and KV layers added, the step that says so,
+    and the tokens each running request reserves for the proposals (vLLM's ``allocate_slots``
+    ``num_lookahead_tokens`` = ``num_speculative_tokens``).
+
+    Raises:
+        PlanError: the registry entry records no speculative decoder.
+    """
+    spec = model.speculative
+    if not spec:
+        raise PlanError(
+            f"vllm.speculative: {model.id}'s registry entry records no speculative decoder (draft or MTP head)"
+        )
+    k = int(spec["num_speculative_tokens"])
+    extra_params, extra_layers = int(spec.get("parameters", 0)), int(spec.get("kv_layers", 0))
+    with_draft = model.with_overrides(
+        parameters=model.parameters + extra_params, num_layers=model.num_layers + extra_layers
+    )
+    gains = ", ".join(f"{s:g}x at {int(c)}" for c, s in spec.get("speedup", []))
+    step = Step(
+        "speculative",
+        "speculative decoding",
+        f"{spec['method']}" + (f" ({spec['model']})" if spec.get("model") else ""),
+        "",
+        f"--speculative-config method {spec['method']}, {k} tokens proposed a step; the draft adds "
+        f"{extra_params:,} parameters to the weights and {extra_layers} layer(s) to the KV per token, and "
+        f"each running page reserves {k} lookahead slots; reported speedup {gains or 'none'}: the gain falls "
+        f"as the batch grows (verification is batched with every other page) "
+        f"[{model.sources.get('speculative', '')}]",
+    )
+    return with_draft, [step], k
+
+
+def _concurrency_steps(c: Concurrency, budget: Budget, target: float) -> list[Step]:
+    """The plan's rows for the output-length model and the statistical ``--max-num-seqs``."""
+    stat = c.candidate("statistical")
+    worst = c.candidate("worst case")
+    return [
+        Step("output_lengths", "output-length model", c.lengths.kind, "", c.lengths.describe(budget.max_tokens)),
+        Step(
+            "seqs_statistical",
+            "pages at once, statistical",
+            stat.seqs,
+            "seqs",
+            f"largest N with P(N pages' KV blocks > cache) <= {target:g}: {stat.overflow:.3%} at N = {stat.seqs} "
+            f"(exact: N-fold convolution of one page's blocks, ceil((visual + prompt + output) / {BLOCK_SIZE}), "
+            f"all N at their final lengths); worst case {worst.seqs}. max_tokens stays {budget.max_tokens}: a long "
+            "page is never cut; an overflow preempts the newest page, which later recomputes its prefill "
+            "(vllm/v1/core/sched/scheduler.py _preempt_request)",
+        ),
+    ]
 
 
 def page_steps(

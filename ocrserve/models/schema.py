@@ -91,6 +91,31 @@ class Tiles(BaseModel):
     max_crops: PositiveInt
 
 
+class Speculative(BaseModel):
+    """A speculative decoder the model ships: vLLM's ``--speculative-config`` keys (``method``,
+    ``model``, ``num_speculative_tokens``: ``vllm/config/speculative.py`` ``SpeculativeConfig``),
+    what it adds to memory (``parameters`` of a separate draft, 0 for heads already in the
+    checkpoint; ``kv_layers``: layers keeping K and V per token) and its reported
+    ``speedup`` as ``[concurrency, factor]`` pairs."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    method: Literal["dflash", "mtp", "eagle", "eagle3", "draft_model"]
+    model: str | None = None
+    num_speculative_tokens: PositiveInt
+    parameters: NonNegativeInt = 0
+    kv_layers: NonNegativeInt = 0
+    speedup: list[list[float]] = []
+
+    @field_validator("speedup")
+    @classmethod
+    def _pairs(cls, speedup: list[list[float]]) -> list[list[float]]:
+        for pair in speedup:
+            if len(pair) != 2 or pair[0] < 1 or pair[1] <= 0:
+                raise ValueError(f"speedup: needs [concurrency >= 1, factor > 0] pairs, got {pair}")
+        return speedup
+
+
 class Entry(BaseModel):
     """One registry file after ``base:`` is resolved; the fields of :class:`ModelSpec`, cited."""
 
@@ -131,7 +156,30 @@ class Entry(BaseModel):
     postprocess: Cited[str] | None = None
     vllm_flags: Cited[list[str]]
     min_vllm: Cited[str]
+    output_tokens: Cited[dict[str, Any]] | None = None
+    speculative: Cited[Speculative] | None = None
     notes: str = ""
+
+    @field_validator("output_tokens")
+    @classmethod
+    def _length_prior(cls, prior: Cited[dict[str, Any]] | None) -> Cited[dict[str, Any]] | None:
+        if prior is None:
+            return prior
+        for task, figures in prior.value.items():
+            if task == "runaway":
+                if not isinstance(figures, float) or not 0 <= figures < 1:
+                    raise ValueError(f"output_tokens: runaway must be a share in [0, 1), got {figures!r}")
+                continue
+            if task not in TASKS:
+                raise ValueError(f"output_tokens: unknown task {task!r}; tasks: {', '.join(TASKS)}")
+            if (
+                not isinstance(figures, dict)
+                or set(figures) != {"median", "p95"}
+                or not all(isinstance(v, int) and v > 0 for v in figures.values())
+                or figures["p95"] <= figures["median"]
+            ):
+                raise ValueError(f"output_tokens: {task} needs positive integers median < p95, got {figures!r}")
+        return prior
 
     @field_validator("prompts")
     @classmethod
@@ -197,6 +245,8 @@ class Entry(BaseModel):
             values["profile_image"] = tuple(values["profile_image"])
         if "tiles" in values:
             values["tiles"] = values["tiles"].model_dump()
+        if "speculative" in values:
+            values["speculative"] = values["speculative"].model_dump()
         return ModelSpec(**values, sources=sources)
 
 
@@ -291,7 +341,8 @@ def load_registry(folder: Traversable | Path | str | None = None) -> Registry:
         return merged
 
     entries: list[tuple[Entry, str]] = []
-    for model_id, (file, _) in raw.items():
+    # entries of their own first, so a broken base is named before the entries deriving from it
+    for model_id, (file, _) in sorted(raw.items(), key=lambda item: item[1][1].get("base") is not None):
         try:
             entries.append((Entry.model_validate(resolve(model_id)), str(file)))
         except ValidationError as exc:

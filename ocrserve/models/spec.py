@@ -93,6 +93,11 @@ class ModelSpec:
         weight_bytes: bytes of weights vLLM loads, where known better than ``parameters x
             dtype_bytes`` (a local folder's safetensors index or files, or the quantized estimate of
             :func:`ocrserve.models.checkpoint.weight_bytes`); ``0`` = compute (:attr:`weights_bytes`).
+        output_tokens: prior of output tokens per page by task (``{task: {median, p95}, runaway:
+            share}``), cited in the registry; empty = ocrserve's default (an estimate).
+        speculative: the speculative decoder the model ships (``method``, ``model``,
+            ``num_speculative_tokens``, draft ``parameters``, ``kv_layers``, ``speedup`` pairs), or
+            ``None``; the planner emits ``--speculative-config`` from it when asked.
     """
 
     id: str
@@ -131,6 +136,8 @@ class ModelSpec:
     retry_sampling: Mapping[str, object] = field(default_factory=dict)
     quantization: str = ""
     weight_bytes: int = 0
+    output_tokens: Mapping[str, object] = field(default_factory=dict)
+    speculative: Mapping[str, object] | None = None
 
     @property
     def factor(self) -> int:

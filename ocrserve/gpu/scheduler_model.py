@@ -1,0 +1,373 @@
+"""A small discrete-event model of vLLM's scheduler: KV-block admission, decode steps, preemption.
+
+It follows vLLM 0.32's v1 scheduler (``vllm/v1/core/sched/scheduler.py`` ``schedule``) and KV
+cache manager (``vllm/v1/core/kv_cache_manager.py`` ``allocate_slots``,
+``vllm/v1/core/block_pool.py``), reduced to what decides throughput and preemption for OCR pages:
+
+* **Blocks.** A request holds ``ceil(tokens in its KV / 16)`` blocks out of one pool of ``C``
+  (the plan's KV cache); each decode step writes one token per running request, which needs a new
+  block every 16 tokens (``allocate_slots`` with ``num_new_tokens`` 1). No watermark (vLLM's
+  ``SchedulerConfig.watermark`` defaults to 0.0) and no prefix caching (the recipes turn it off).
+* **Running first.** Each step serves the running requests in order; one whose block cannot be
+  allocated preempts the lowest-priority running request: with equal priorities the newest
+  (``max(running, key=(priority, arrival_time))`` under ``--scheduling-policy priority``,
+  ``running[-1]`` under fcfs: the same here), until it fits or preempts itself.
+* **Preemption is recompute.** The preempted request frees all its blocks, its computed tokens
+  drop to 0 and it goes back to the *front* of the waiting queue (``_preempt_request``:
+  ``num_computed_tokens = 0``, ``waiting.prepend_request``); readmitted, it prefills its prompt
+  *and* the output it had made, then decodes on.
+* **Admission.** Waiting requests are admitted only in a step that preempted none, while fewer
+  than ``--max-num-seqs`` run, in order, while the head's prefill blocks fit (a head that does not
+  fit stops admission: FCFS) and within ``--max-num-batched-tokens`` less the step's decode tokens
+  (at least one page per step: chunked prefill spreads a larger one, same compute).
+
+Time advances by step: :class:`StepTime` gives a step's seconds from its decode batch, the tokens
+its running requests hold (the KV the step reads) and the prefill tokens it computes. On a GPU,
+:class:`GpuStepTime`, from memory traffic: weights plus the KV read per step over the GPU's
+bandwidth from the registry, prefill at a compute rate (both estimates); on vLLM's CPU backend,
+:class:`LinearStepTime` fitted from measured steps, ``a + b x batch``.
+
+The load is a closed loop: ``in_flight`` pages always submitted (the gateway keeps
+``max_num_seqs x router.slot_overcommit`` in flight; default ``max_num_seqs``), each a draw from
+the output-length model. Between events (a page finishing, the pool running out of blocks) steps
+are advanced in one jump, so a prediction of thousands of pages takes well under a second.
+
+Speculative decoding (a draft proposing tokens the model verifies) is taken as its reported speedup
+at the running batch (:func:`speedup_at`): a step's seconds divided by it. This is where the gain
+falls with the batch.
+
+Hook for the wind tunnel: :func:`simulate` takes the same ``StepTime`` a measured run fits
+(:meth:`LinearStepTime.fit` over ``(batch, step seconds)`` from vLLM's logs or metrics) and
+returns :class:`Prediction` with the figures ``ocrserve bench`` measures (pages/s, p95,
+preemptions: vLLM's ``vllm:num_preemptions_total``), so a bench run against the real CPU vLLM
+can be set beside the prediction for the same ``--max-num-seqs``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ocrserve.gpu.memory import BLOCK_SIZE
+
+PREFILL_FLOPS_PER_BYTE = 150.0
+"""Prefill compute per byte/s of bandwidth, estimate: prefill is compute-bound, and datasheet
+dense bf16 over bandwidth is ~295 FLOP/byte on an H100 SXM (989 TFLOPS / 3.35 TB/s) and ~165 on
+an RTX 4090 (165 / 1.0); half the H100's figure stands for both at a realistic utilization."""
+SIMULATED_PAGES = 2000
+"""Pages a prediction runs (after :data:`WARM_UP_PAGES`)."""
+WARM_UP_PAGES = 300
+"""Pages finished before a prediction measures, so the batch is in its steady state."""
+
+
+class StepTime:
+    """Seconds of one scheduler step (see the module docstring)."""
+
+    def seconds(self, batch: int, context_tokens: float, prefill_tokens: int) -> float:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GpuStepTime(StepTime):
+    """A GPU step from memory traffic: ``(weights + context x kv_per_token) / rate`` for the
+    decode, plus ``prefill x 2 x parameters / (rate x PREFILL_FLOPS_PER_BYTE)``; ``rate`` =
+    bandwidth x efficiency.
+
+    Attributes:
+        weights_bytes: bytes read once per step (the weights, draft included).
+        kv_bytes_per_token: KV bytes of one token (all layers).
+        parameters: parameters one prefill token is multiplied through.
+        bandwidth: bytes/s the step achieves (datasheet x efficiency).
+    """
+
+    weights_bytes: int
+    kv_bytes_per_token: int
+    parameters: int
+    bandwidth: float
+
+    def seconds(self, batch: int, context_tokens: float, prefill_tokens: int) -> float:
+        decode = (self.weights_bytes + context_tokens * self.kv_bytes_per_token) / self.bandwidth if batch else 0.0
+        prefill = prefill_tokens * 2 * self.parameters / (self.bandwidth * PREFILL_FLOPS_PER_BYTE)
+        return decode + prefill
+
+    def describe(self) -> str:
+        return (
+            f"step = (weights {self.weights_bytes / 2**30:.2f} GiB + KV read {self.kv_bytes_per_token:,} B/token) "
+            f"/ {self.bandwidth / 1e9:.0f} GB/s, prefill at {PREFILL_FLOPS_PER_BYTE:g} FLOP/byte (estimates)"
+        )
+
+
+@dataclass(frozen=True)
+class LinearStepTime(StepTime):
+    """``a + b x batch + c x prefill tokens`` seconds: vLLM's CPU backend, fitted from measured
+    steps (:meth:`fit`).
+
+    Attributes:
+        a: seconds of a step whatever its batch.
+        b: seconds each running request adds.
+        prefill_per_token: seconds per prefill token.
+        source: where the figures come from.
+    """
+
+    a: float
+    b: float
+    prefill_per_token: float = 0.0
+    source: str = "given"
+
+    def seconds(self, batch: int, context_tokens: float, prefill_tokens: int) -> float:
+        return (self.a + self.b * batch if batch else 0.0) + self.prefill_per_token * prefill_tokens
+
+    def describe(self) -> str:
+        return (
+            f"step = {self.a * 1e3:.2f} ms + {self.b * 1e3:.3f} ms x batch + {self.prefill_per_token * 1e3:.4f} ms "
+            f"x prefill token ({self.source})"
+        )
+
+    @classmethod
+    def fit(cls, steps: Sequence[tuple[int, float]], prefill_per_token: float = 0.0) -> LinearStepTime:
+        """Least squares of measured ``(decode batch, step seconds)``; ``a`` and ``b`` kept >= 0.
+
+        Raises:
+            ValueError: fewer than two distinct batch sizes.
+        """
+        if len({b for b, _ in steps}) < 2:
+            raise ValueError("fitting a + b x batch needs steps at two batch sizes or more")
+        x = np.array([b for b, _ in steps], float)
+        y = np.array([s for _, s in steps], float)
+        slope = max(0.0, float(np.polyfit(x, y, 1)[0]))
+        intercept = max(0.0, float(y.mean() - slope * x.mean()))
+        return cls(intercept, slope, prefill_per_token, f"fitted to {len(steps)} measured steps")
+
+
+def speedup_at(points: Sequence[tuple[int, float]], batch: int) -> float:
+    """A speculative decoder's speedup at ``batch`` from reported ``(concurrency, speedup)``:
+    linear in log(concurrency) between the points, the end points' value beyond them (no gain
+    assumed to come back), never below 1 (vLLM's drafter can always be outvoted)."""
+    if not points or batch < 1:
+        return 1.0
+    ordered = sorted(points)
+    if batch <= ordered[0][0]:
+        return max(1.0, ordered[0][1])
+    for (c0, s0), (c1, s1) in zip(ordered, ordered[1:], strict=False):
+        if batch <= c1:
+            t = (math.log(batch) - math.log(c0)) / (math.log(c1) - math.log(c0))
+            return max(1.0, s0 + t * (s1 - s0))
+    return max(1.0, ordered[-1][1])
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What :func:`simulate` predicts for one ``--max-num-seqs``.
+
+    Attributes:
+        max_num_seqs: the ``N`` simulated.
+        pages_per_s: pages finished per second (a prediction).
+        p50_s, p95_s: page latency from submission to its last token, seconds.
+        preemptions_per_page: preemptions (recomputes) per finished page.
+        preempted_share: share of pages preempted at least once.
+        mean_running: mean decode batch over time.
+        kv_use: mean share of the KV blocks in use over time.
+    """
+
+    max_num_seqs: int
+    pages_per_s: float
+    p50_s: float
+    p95_s: float
+    preemptions_per_page: float
+    preempted_share: float
+    mean_running: float
+    kv_use: float
+
+
+def simulate(
+    *,
+    max_num_seqs: int,
+    kv_blocks: int,
+    prefix_tokens: int,
+    lengths: Sequence[int],
+    weights: Sequence[float] | None,
+    step_time: StepTime,
+    batched_tokens: int,
+    in_flight: int | None = None,
+    speedup: Sequence[tuple[int, float]] = (),
+    pages: int = SIMULATED_PAGES,
+    warm_up: int = WARM_UP_PAGES,
+    seed: int = 0,
+    block: int = BLOCK_SIZE,
+) -> Prediction:
+    """Run the closed loop of the module docstring and measure after ``warm_up`` pages.
+
+    Args:
+        max_num_seqs: ``--max-num-seqs``.
+        kv_blocks: blocks in the KV cache.
+        prefix_tokens: a page's visual + prompt tokens.
+        lengths, weights: output tokens and their probabilities (None: equally likely).
+        step_time: a step's seconds.
+        batched_tokens: ``--max-num-batched-tokens``.
+        in_flight: pages submitted at once (default ``max_num_seqs``).
+        speedup: a speculative decoder's ``(concurrency, speedup)`` points; empty for none.
+        pages, warm_up, seed: how many pages are measured, after how many, and the draws' seed.
+
+    Raises:
+        ValueError: a page that alone does not fit the cache (vLLM refuses to start then).
+    """
+    rng = np.random.default_rng(seed)
+    total = pages + warm_up
+    draws = rng.choice(np.asarray(lengths, int), size=total + (in_flight or max_num_seqs) + 1, p=weights)
+    if -(-(prefix_tokens + int(max(lengths))) // block) > kv_blocks:
+        raise ValueError("one page at its longest does not fit the KV cache")
+    spec = speedup or [(1, 1.0)]
+    # a request: [id, output length, tokens made, submitted at, preemptions]
+    waiting: deque[list] = deque()
+    submitted = 0
+
+    def submit(now: float) -> None:
+        nonlocal submitted
+        waiting.append([submitted, int(draws[submitted]), 0, now, 0])
+        submitted += 1
+
+    for _ in range(in_flight or max_num_seqs):
+        submit(0.0)
+    running: list[list] = []  # requests in admission order
+    ctx = np.zeros(0, np.int64)  # tokens in each running request's KV
+    left = np.zeros(0, np.int64)  # tokens each still has to make
+    free = kv_blocks
+    now = 0.0
+    finished = 0
+    latencies: list[float] = []
+    preemptions = 0
+    preempted_pages = 0
+    measure_from = None
+    busy_batch = busy_kv = measured_time = 0.0
+    preempted_last = False
+
+    while finished < total:
+        prefill = 0
+        if not preempted_last:
+            budget = batched_tokens - len(running)
+            while waiting and len(running) < max_num_seqs:
+                req = waiting[0]
+                tokens = prefix_tokens + req[2]
+                need = -(-tokens // block)
+                if need > free or (prefill and prefill + tokens > budget):
+                    break
+                waiting.popleft()
+                free -= need
+                prefill += tokens
+                req[2] += 1  # the prefill step samples the next token
+                running.append(req)
+                ctx = np.append(ctx, tokens)
+                left = np.append(left, req[1] - req[2])
+        preempted_last = False
+        n = len(running)
+        if n == 0:
+            raise ValueError("nothing can run: the KV cache holds no page")  # pragma: no cover
+        # steps until the first finish; the admitted ones may finish at once (1-token pages)
+        done_now = left <= 0
+        k = 0 if done_now.any() else int(left.min())
+        if k and waiting and len(running) < max_num_seqs and -(-(prefix_tokens + waiting[0][2]) // block) <= free:
+            k = 1  # the head can be admitted at the next step
+        blocks_now = -(-ctx // block)
+        if k and _demand(ctx, blocks_now, k, block) > free:
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _demand(ctx, blocks_now, mid, block) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        factor = 1 / speedup_at(spec, n)
+        c0 = float(ctx.sum())
+        if k:
+            first = step_time.seconds(n, c0, prefill) - step_time.seconds(0, 0, prefill)
+            per = step_time.seconds(n, c0 + n, 0) - step_time.seconds(n, c0, 0)
+            elapsed = (k * first + per * k * (k - 1) / 2) * factor + step_time.seconds(0, 0, prefill)
+            free -= _demand(ctx, blocks_now, k, block)
+            ctx = ctx + k
+            left = left - k
+        else:
+            elapsed = step_time.seconds(0, 0, prefill)
+        if measure_from is not None:
+            busy_batch += n * elapsed
+            busy_kv += (kv_blocks - free) * elapsed
+            measured_time += elapsed
+        now += elapsed
+        finished_mask = left <= 0
+        if finished_mask.any():
+            for i in np.flatnonzero(finished_mask):
+                req = running[i]
+                free += int(-(-ctx[i] // block))
+                finished += 1
+                if finished > warm_up:
+                    latencies.append(now - req[3])
+                    preemptions += req[4]
+                    preempted_pages += req[4] > 0
+                if finished == warm_up:
+                    measure_from = now
+                if submitted < len(draws):
+                    submit(now)
+            keep = ~finished_mask
+            running = [r for r, kept in zip(running, keep, strict=True) if kept]
+            ctx, left = ctx[keep], left[keep]
+            continue
+        # the pool runs out within the next step: serve the running requests in order
+        need = (-(-(ctx + 1) // block)) - (-(-ctx // block))
+        i = 0
+        gone: list[int] = []
+        while i < len(running) - len(gone):
+            if need[i] and free < 1:
+                victim = len(running) - 1 - len(gone)
+                free += int(-(-ctx[victim] // block))
+                gone.append(victim)
+                req = running[victim]
+                req[2] = req[1] - int(left[victim])  # what it had made: recomputed on readmission
+                req[4] += 1
+                if victim == i:
+                    break
+                continue
+            free -= int(need[i])
+            i += 1
+        served = len(running) - len(gone)
+        step = step_time.seconds(served, float(ctx[:served].sum()), 0) * factor
+        now += step
+        if measure_from is not None:
+            busy_batch += served * step
+            busy_kv += (kv_blocks - free) * step
+            measured_time += step
+        for victim in gone:  # newest first: prepending each leaves the oldest at the front
+            waiting.appendleft(running[victim])
+        running = running[:served]
+        ctx, left = ctx[:served] + 1, left[:served] - 1
+        preempted_last = bool(gone)
+
+    span = now - (measure_from or 0.0)
+    ordered = sorted(latencies)
+    return Prediction(
+        max_num_seqs=max_num_seqs,
+        pages_per_s=len(latencies) / span if span > 0 else math.inf,
+        p50_s=_pct(ordered, 50),
+        p95_s=_pct(ordered, 95),
+        preemptions_per_page=preemptions / len(latencies),
+        preempted_share=preempted_pages / len(latencies),
+        mean_running=busy_batch / measured_time if measured_time else 0.0,
+        kv_use=busy_kv / measured_time / kv_blocks if measured_time else 0.0,
+    )
+
+
+def _demand(ctx: np.ndarray, blocks_now: np.ndarray, steps: int, block: int) -> int:
+    """New blocks the running requests need over the next ``steps`` steps."""
+    return int((-(-(ctx + steps) // block) - blocks_now).sum())
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]

@@ -93,7 +93,8 @@ class ScriptedVllm:
             reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
             if not body.get("stream"):
                 return JSONResponse(self._completion(reply))
-            return StreamingResponse(self._stream(reply), media_type="text/event-stream")
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._stream(reply, usage), media_type="text/event-stream")
 
         async def health(request: Request):
             return PlainTextResponse("")
@@ -127,7 +128,7 @@ class ScriptedVllm:
         chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model, "choices": [choice]}
         return f"data: {json.dumps(chunk)}\n\n"
 
-    async def _stream(self, reply: Scripted):
+    async def _stream(self, reply: Scripted, usage: bool = False):
         done = False
         try:
             yield self._chunk({"role": "assistant", "content": ""})
@@ -140,6 +141,10 @@ class ScriptedVllm:
                 yield self._chunk({"content": piece})
                 await asyncio.sleep(self.delay_s)
             yield self._chunk({}, reply.finish_reason)
+            if usage:  # vLLM's last chunk with stream_options.include_usage: no choices, the usage
+                tokens = max(1, len(reply.text) // 4)
+                chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model, "choices": []}
+                yield f"data: {json.dumps(chunk | {'usage': {'completion_tokens': tokens}})}\n\n"
             yield "data: [DONE]\n\n"
             done = True
         finally:

@@ -41,7 +41,8 @@ class Document:
 class Outcome:
     """One request: its document's name, HTTP status (0: no answer), seconds end to end, and for a
     200 the pages done, the text, and per page its queue wait and engine seconds; in an open loop,
-    also when it was sent (seconds after the point began)."""
+    also when it was sent (seconds after the point began); and the completion tokens of each page
+    whose engine reported them (vLLM's ``usage.completion_tokens``, in the page's ``generation``)."""
 
     document: str
     status: int
@@ -51,6 +52,7 @@ class Outcome:
     queue_s: list[float] = field(default_factory=list)
     engine_s: list[float] = field(default_factory=list)
     sent_s: float = 0.0
+    completion_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +126,7 @@ class Measurement:
             "engine_p50_s": _round(self.page_timing("engine_s", 50)),
             "offered_pages_per_s": _round(self.offered),
             "statuses": self.statuses,
+            "completion_tokens": [n for o in self.outcomes if o.status == 200 for n in o.completion_tokens],
         }
 
 
@@ -158,6 +161,11 @@ async def send(client: httpx.AsyncClient, document: Document, **form: str) -> Ou
         result["text"],
         [t.get("queue_s", 0.0) for t in timings],
         [t.get("engine_s", 0.0) for t in timings],
+        completion_tokens=[
+            int(g["completion_tokens"])
+            for g in (page.get("generation") or {} for page in result["pages"])
+            if isinstance(g.get("completion_tokens"), int)
+        ],
     )
 
 

@@ -75,7 +75,7 @@ def write(report: dict, out: Path) -> list[Path]:
     written = [out / "report.json", out / "report.csv", out / "report.png"]
     written[0].write_text(json.dumps(report, indent=2, ensure_ascii=False))
     with written[1].open("w", newline="") as fh:
-        rows = csv.DictWriter(fh, CSV_COLUMNS)
+        rows = csv.DictWriter(fh, CSV_COLUMNS, extrasaction="ignore")  # completion_tokens: report.json only
         rows.writeheader()
         for point in report["points"]:
             rows.writerow(point | {"statuses": json.dumps(point["statuses"])})

@@ -145,6 +145,7 @@ class Reply:
 
     text: str
     finish_reason: str
+    completion_tokens: int | None = None
 
 
 class _Unavailable(Exception):
@@ -305,6 +306,8 @@ class VllmEngine(Engine):
             "truncated": reply.finish_reason == "length",
             "retried": retry is not None,
         }
+        if reply.completion_tokens is not None:
+            generation["completion_tokens"] = reply.completion_tokens
         return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
 
     def _request_body(self, page: Page, priority: int) -> dict:
@@ -351,7 +354,7 @@ class VllmEngine(Engine):
                     self._client,
                     "POST",
                     replica.url + "/v1/chat/completions",
-                    json=body | {"stream": True},
+                    json=body | {"stream": True, "stream_options": {"include_usage": True}},
                     timeout=httpx.Timeout(timeout, connect=self.cfg.connect_timeout_s),
                 ) as source:
                     response = source.response
@@ -397,6 +400,7 @@ class VllmEngine(Engine):
         parts: list[str] = []
         size = 0
         finish = None
+        used = None
         try:
             async for event in source.aiter_sse():
                 if event.data.strip() == "[DONE]":
@@ -404,6 +408,9 @@ class VllmEngine(Engine):
                 chunk = json.loads(event.data)
                 if "error" in chunk:
                     raise PageError(f"{url} failed the page mid-stream: {chunk['error']}", transient=True)
+                usage = chunk.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    used = usage["completion_tokens"]  # the last chunk's, with stream_options.include_usage
                 for choice in chunk.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
@@ -417,7 +424,7 @@ class VllmEngine(Engine):
             raise PageError(f"{url} answered 200 without a chat-completion stream: {exc}", transient=True) from None
         if finish is None:
             raise PageError(f"{url}: the reply's stream ended before its finish_reason", transient=True)
-        return Reply("".join(parts), "length" if finish == "length" else "stop")
+        return Reply("".join(parts), "length" if finish == "length" else "stop", used)
 
     async def _poll_forever(self) -> None:
         while True:

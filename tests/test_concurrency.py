@@ -1,0 +1,318 @@
+"""Planning for the pages served: the output-length model, the statistical --max-num-seqs, the
+model of vLLM's scheduler, HunyuanOCR-1.5's registry entry and the plan that shows them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ocrserve.gpu import lengths as lengths_mod
+from ocrserve.gpu.lengths import LengthsError, OutputLengths, count_tokens, from_corpus, from_report, load
+from ocrserve.gpu.overflow import block_pmf, overflow_curve, statistical_seqs, worst_case_seqs
+from ocrserve.gpu.planner import PlanError, plan_serving
+from ocrserve.gpu.registry import lookup
+from ocrserve.gpu.scheduler_model import GpuStepTime, LinearStepTime, simulate, speedup_at
+from ocrserve.models import RegistryError, get_model, load_registry
+from ocrserve.models.schema import REGISTRY_DIR
+
+# --- the output-length model ---------------------------------------------------------------
+
+
+def _corpus(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "latin.gt.txt").write_text("x" * 400, encoding="utf-8")  # 100 tokens at 4 chars
+    (tmp_path / "a" / "cjk.gt.txt").write_text("文" * 300, encoding="utf-8")  # 200 tokens at 1.5 chars
+    (tmp_path / "a" / "two.gt.txt").write_text("y" * 40 + "\f" + "z" * 80, encoding="utf-8")  # 2 pages
+    (tmp_path / "a" / "zones.uzn").write_text("not text", encoding="utf-8")
+    index = [
+        {"file": "a/latin.png", "gt": ["a/latin.gt.txt", "a/zones.uzn"]},
+        {"file": "a/cjk.png", "gt": ["a/cjk.gt.txt"]},
+        {"file": "a/two.tif", "gt": ["a/two.gt.txt"]},
+        {"file": "a/none.png"},
+    ]
+    (tmp_path / "index.json").write_text(json.dumps(index), encoding="utf-8")
+    return tmp_path
+
+
+def test_corpus_lengths_count_latin_and_cjk_at_their_ratios(tmp_path):
+    assert count_tokens("abcd" * 10) == 10 and count_tokens("文字") == pytest.approx(2 / 1.5)
+    got = from_corpus(_corpus(tmp_path))
+    assert sorted(got.samples) == [10, 20, 100, 200]  # one sample a page; the zone file skipped
+    assert got.kind == "corpus" and "tokenizer is not local" in got.source
+    assert load(tmp_path).samples == got.samples  # a folder with index.json is a corpus
+
+
+def test_report_lengths_keep_every_points_completion_tokens(tmp_path):
+    report = {"points": [{"value": 1, "completion_tokens": [1500, 1800]}, {"value": 2, "completion_tokens": [900]}]}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    got = from_report(tmp_path / "report.json")
+    assert sorted(got.samples) == [900, 1500, 1800] and got.kind == "report" and got.runaway == 0
+    assert load(tmp_path).samples == got.samples  # the report's folder works too
+    assert got.quantile(0.5, 16384) == 1500 and got.mean(1000) == pytest.approx(2900 / 3)  # clipped
+    (tmp_path / "old.json").write_text(json.dumps({"points": [{"value": 1}]}))
+    with pytest.raises(LengthsError, match="no completion_tokens"):
+        from_report(tmp_path / "old.json")
+    with pytest.raises(LengthsError, match="neither a bench report"):
+        load(tmp_path / "nothing-here")
+
+
+def test_prior_has_its_median_p95_and_runaway_share():
+    spec = get_model("tencent/HunyuanOCR-1.5")
+    got = lengths_mod.prior(spec.id, "markdown", spec.output_tokens, spec.sources["output_tokens"])
+    assert got.kind == "prior" and "estimate" in got.source
+    assert got.quantile(0.5, spec.max_tokens) == pytest.approx(1200, rel=0.02)
+    assert got.quantile(0.95, spec.max_tokens) == pytest.approx(2600, rel=0.03)
+    assert got.distribution(spec.max_tokens)[spec.max_tokens] == pytest.approx(0.002)
+    default = lengths_mod.prior("some/model", "text", None)
+    assert "estimate" in default.source and default.runaway == lengths_mod.DEFAULT_PRIOR["runaway"]
+
+
+# --- the statistical --max-num-seqs ---------------------------------------------------------
+
+
+def test_statistical_n_by_hand():
+    # prefix 16 tokens; output 16 tokens (2 blocks) or 48 (4 blocks), even odds; 10 blocks in the cache.
+    pmf = block_pmf({16: 0.5, 48: 0.5}, 16)
+    curve = overflow_curve(pmf, lambda n: 10, 6)
+    # 3 pages: 6, 8, 10, 12 blocks with 1/8, 3/8, 3/8, 1/8 -> P(> 10) = 1/8; 4 pages: P(> 10) = 11/16
+    assert curve[:4] == pytest.approx([0, 0, 1 / 8, 11 / 16])
+    assert statistical_seqs(curve, 0.2) == 3 and statistical_seqs(curve, 0.1) == 2
+    assert worst_case_seqs(4, lambda n: 10, 512) == 2
+
+
+def test_statistical_n_grows_with_the_target_and_is_the_worst_case_when_every_page_is_longest():
+    prior = lengths_mod.prior("m", "text", None).distribution(16384)
+    pmf = block_pmf(prior, 4491)
+    curve = overflow_curve(pmf, lambda n: 46_000 - n, 512)
+    picks = [statistical_seqs(curve, t) for t in (0.0001, 0.001, 0.01, 0.1, 0.5)]
+    assert picks == sorted(picks) and picks[0] < picks[-1]
+    longest = block_pmf({16384: 1.0}, 4491)
+    flat = overflow_curve(longest, lambda n: 46_000 - n, 512)
+    worst = worst_case_seqs(len(longest) - 1, lambda n: 46_000 - n, 512)
+    assert worst == 35
+    for target in (0.0, 0.01, 0.5):
+        assert statistical_seqs(flat, target) == worst
+
+
+# --- the model of vLLM's scheduler ------------------------------------------------------------
+
+STEP = GpuStepTime(2 * 996_208_112, 98_304, 996_208_112, 2.0e12 * 0.8)
+
+
+def _run(seqs, lengths, weights=None, kv_blocks=46_000, pages=400):
+    return simulate(
+        max_num_seqs=seqs,
+        kv_blocks=kv_blocks,
+        prefix_tokens=4491,
+        lengths=lengths,
+        weights=weights,
+        step_time=STEP,
+        batched_tokens=8192,
+        pages=pages,
+        warm_up=100,
+    )
+
+
+def test_scheduler_model_never_preempts_at_the_worst_case_n():
+    worst = worst_case_seqs(-(-(4491 + 16384) // 16), lambda n: 46_000, 512)
+    # every page at its longest: the worst case fills the cache without outgrowing it
+    full = _run(worst, [16384], pages=120)
+    assert full.preemptions_per_page == 0 and full.mean_running == pytest.approx(worst, rel=0.01)
+    real = _run(worst, [800, 1500, 2500, 16384], [0.3, 0.4, 0.29, 0.01])
+    assert real.preemptions_per_page == 0 and real.pages_per_s > 0 and real.p95_s >= real.p50_s
+
+
+def test_scheduler_model_preempts_when_n_outgrows_the_cache():
+    lengths, weights = [800, 1500, 2500, 16384], [0.3, 0.4, 0.29, 0.01]
+    many = _run(512, lengths, weights)
+    assert many.preemptions_per_page > 0 and many.preempted_share > 0
+    assert many.mean_running < 512 and many.kv_use > 0.9  # the cache, not the flag, bounds the batch
+    fewer = _run(64, lengths, weights)
+    assert fewer.p95_s < many.p95_s
+
+
+def test_step_time_fits_a_plus_b_batch_and_speculation_fades_with_batch():
+    fitted = LinearStepTime.fit([(1, 0.012), (4, 0.018), (8, 0.026)])
+    assert fitted.a == pytest.approx(0.01, abs=1e-3) and fitted.b == pytest.approx(0.002, abs=2e-4)
+    with pytest.raises(ValueError, match="two batch sizes"):
+        LinearStepTime.fit([(4, 0.1), (4, 0.2)])
+    points = [(1, 2.14), (32, 1.80)]
+    assert speedup_at(points, 1) == 2.14 and speedup_at(points, 32) == 1.80 and speedup_at(points, 256) == 1.80
+    assert 1.80 < speedup_at(points, 8) < 2.14
+    plain = simulate(
+        max_num_seqs=4,
+        kv_blocks=46_000,
+        prefix_tokens=4491,
+        lengths=[1500],
+        weights=None,
+        step_time=fitted,
+        batched_tokens=8192,
+        pages=50,
+        warm_up=10,
+    )
+    drafted = simulate(
+        max_num_seqs=4,
+        kv_blocks=46_000,
+        prefix_tokens=4491,
+        lengths=[1500],
+        weights=None,
+        step_time=fitted,
+        batched_tokens=8192,
+        pages=50,
+        warm_up=10,
+        speedup=points,
+    )
+    assert drafted.pages_per_s > plain.pages_per_s * 1.5
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+
+def test_hunyuanocr_15_derives_from_10_with_its_cards_figures():
+    old, new = get_model("tencent/HunyuanOCR"), get_model("tencent/HunyuanOCR-1.5")
+    assert new.kv_bytes_per_token() == old.kv_bytes_per_token() and new.parameters == old.parameters
+    assert new.max_tokens == 32768 and old.max_tokens == 16384
+    assert {k: new.sampling[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")} == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "repetition_penalty": 1.08,
+    }
+    assert new.speculative["method"] == "dflash" and new.speculative["speedup"] == [[1, 2.14], [32, 1.80]]
+    assert "94.74" in new.notes and "92.03" in new.notes
+    for key in ("sampling", "speculative", "output_tokens"):
+        assert new.sources[key].strip()
+    assert old.speculative is None
+
+
+def _registry_copy(tmp_path):
+    folder = tmp_path / "registry"
+    folder.mkdir()
+    for f in REGISTRY_DIR.iterdir():
+        if f.name.endswith(".yaml"):
+            (folder / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda d: d["speculative"]["value"].update(speedup=[[0, 2.0]]), "speedup"),
+        (lambda d: d["speculative"]["value"].update(method="lookahead"), "method"),
+        (lambda d: d["speculative"].pop("source"), "speculative"),
+        (lambda d: d["output_tokens"]["value"].update(text={"median": 900, "p95": 800}), "median < p95"),
+        (lambda d: d["output_tokens"]["value"].update(runaway=1.5), "runaway"),
+        (lambda d: d["output_tokens"]["value"].update(poem={"median": 1, "p95": 2}), "unknown task"),
+    ],
+)
+def test_broken_speculative_or_length_prior_names_file_and_key(tmp_path, change, expected):
+    folder = _registry_copy(tmp_path)
+    path = folder / "hunyuanocr-1.5.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    with pytest.raises(RegistryError) as err:
+        load_registry(folder)
+    assert str(path) in str(err.value) and expected in str(err.value), str(err.value)
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+
+def test_plan_compares_the_three_n_and_takes_the_statistical_one_only_when_asked():
+    spec, gpu = get_model("tencent/HunyuanOCR"), lookup("RTX 4090")
+    worst = plan_serving(spec, gpu, max_pixels=4_194_304)
+    shown = plan_serving(spec, gpu, max_pixels=4_194_304, output_lengths=lengths_mod.prior(spec.id, "text", None))
+    assert shown.vllm_args["max_num_seqs"] == worst.vllm_args["max_num_seqs"]  # shown beside, not planned
+    names = [c.name for c in shown.concurrency.candidates]
+    assert names == ["worst case", "statistical", "vLLM default"]
+    stat = shown.concurrency.candidate("statistical")
+    assert stat.seqs > worst.vllm_args["max_num_seqs"] and stat.overflow <= 0.01
+    assert shown.concurrency.candidate("vLLM default").seqs == 256 and not shown.concurrency.predictions
+    planned = plan_serving(spec, gpu, max_pixels=4_194_304, overflow_target=0.01, predict=True)
+    assert planned.vllm_args["max_num_seqs"] == stat.seqs
+    assert set(planned.concurrency.predictions) == {c.seqs for c in planned.concurrency.candidates}
+    assert planned.to_dict()["concurrency"]["candidates"][1]["predicted"]["pages_per_s"] > 0
+    with pytest.raises(PlanError, match="overflow"):
+        plan_serving(spec, gpu, overflow_target=1.5)
+
+
+def test_speculative_plan_adds_the_drafts_memory_and_config():
+    spec, gpu = get_model("tencent/HunyuanOCR-1.5"), lookup("H100 80GB")
+    plain = plan_serving(spec, gpu, max_pixels=4_194_304)
+    drafted = plan_serving(spec, gpu, max_pixels=4_194_304, speculative=True)
+    assert drafted.vllm_args["speculative_config"] == {
+        "method": "dflash",
+        "model": "tencent/HunyuanOCR-1.5-DFlash",
+        "num_speculative_tokens": 8,
+    }
+    assert drafted.value("weights_bytes") > plain.value("weights_bytes")
+    assert drafted.value("kv_bytes_per_token") > plain.value("kv_bytes_per_token")
+    assert "falls" in next(s.derivation for s in drafted.steps if s.key == "speculative")
+    assert drafted.model.id == spec.id and drafted.argv()[2] == spec.id
+    with pytest.raises(PlanError, match="records no speculative decoder"):
+        plan_serving(get_model("tencent/HunyuanOCR"), gpu, speculative=True)
+
+
+def _cli():
+    from ocrserve.cli import app
+
+    return app
+
+
+def test_cli_plan_table_shows_both_n_and_predictions(tmp_path):
+    report = {"points": [{"completion_tokens": [1200, 1500, 1800, 2100, 900]}]}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    args = ["plan", "--gpu", "RTX 4090", "--overflow", "0.01", "--output-lengths", str(tmp_path / "report.json")]
+    result = CliRunner().invoke(_cli(), args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for words in (
+        "worst case",
+        "statistical (planned)",
+        "vLLM default",
+        "pages/s (predicted)",
+        "report:",
+        "predictions, not measurements",
+    ):
+        assert words in result.stdout, words
+    argv = CliRunner().invoke(_cli(), [*args, "--format", "argv"])
+    seqs = int(shlex.split(argv.stdout)[shlex.split(argv.stdout).index("--max-num-seqs") + 1])
+    data = json.loads(CliRunner().invoke(_cli(), [*args, "--format", "json"]).stdout)
+    assert data["concurrency"]["candidates"][1]["max_num_seqs"] == seqs == data["vllm_args"]["max_num_seqs"]
+    assert data["concurrency"]["output_lengths"]["kind"] == "report"
+
+
+def test_cli_plan_speculative_flag(tmp_path):
+    args = ["plan", "--gpu", "H100 80GB", "--model", "tencent/HunyuanOCR-1.5", "--speculative", "--format", "argv"]
+    result = CliRunner().invoke(_cli(), args)
+    assert result.exit_code == 0, result.output
+    assert "--speculative-config" in shlex.split(result.stdout)
+
+
+def _vllm_parser():
+    from tests.test_planner import _vllm_parser as parser
+
+    return parser()
+
+
+@pytest.mark.vllm
+def test_statistical_and_speculative_argv_parse_with_vllms_own_parser():
+    parser, validate = _vllm_parser()
+    for plan in (
+        plan_serving(get_model("tencent/HunyuanOCR"), lookup("H100 80GB"), overflow_target=0.01),
+        plan_serving(get_model("tencent/HunyuanOCR-1.5"), lookup("H100 80GB"), speculative=True),
+    ):
+        args = parser.parse_args(plan.argv()[2:])
+        validate(args)
+        assert args.max_num_seqs == plan.vllm_args["max_num_seqs"]
+        if "speculative_config" in plan.vllm_args:
+            assert args.speculative_config == plan.vllm_args["speculative_config"]
+
+
+def test_lengths_source_must_hold_lengths():
+    with pytest.raises(LengthsError):
+        OutputLengths((), "corpus", "empty")

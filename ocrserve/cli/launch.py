@@ -27,6 +27,7 @@ from ocrserve.gpu.launcher import (
     run_with_vllm,
     vllm_command,
 )
+from ocrserve.gpu.lengths import LengthsError
 from ocrserve.gpu.planner import Plan, PlanError
 from ocrserve.gpu.registry import GpuError, NoGpuFound
 from ocrserve.models import ModelError
@@ -138,7 +139,7 @@ def _check_installed(config: Config, dry_run: bool) -> None:
 def _launch_with_vllm(config: Config, dry_run: bool, user_sets: list[str]) -> None:
     try:
         plan = _plan(config, dry_run)
-    except (ModelError, GpuError, HostError, PlanError) as exc:
+    except (ModelError, GpuError, HostError, PlanError, LengthsError) as exc:
         hint = " For ocrserve launch: --set vllm.gpu=NAME or --set vllm.gpu_memory_gib=GIB." * isinstance(exc, GpuError)
         raise _fail(f"{exc}{hint}", 2) from None
     Console().print(render_table(plan, command=False))

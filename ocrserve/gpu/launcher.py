@@ -45,6 +45,7 @@ from ocrserve.api.protocol import GatewayProtocol
 from ocrserve.config import Config, VllmConfig, dedupe_overrides
 from ocrserve.gpu.cpu_planner import plan_cpu_serving
 from ocrserve.gpu.host import detect_host
+from ocrserve.gpu.lengths import load as load_lengths
 from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
@@ -205,6 +206,9 @@ def plan_for(config: Config) -> Plan:
         vllm_version=None if v.version == "auto" else v.version,
         gateway_overcommit=config.router.slot_overcommit,
         gateway_burst=config.router.fast.burst_slots,
+        output_lengths=load_lengths(v.output_lengths) if v.output_lengths else None,
+        overflow_target=v.kv_overflow_target,
+        speculative=v.speculative,
     )
 
 

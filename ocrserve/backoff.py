@@ -9,6 +9,8 @@ to renew, a process to restart) asks :func:`delay` for the wait.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_exponential
 from tenacity.retry import retry_base
 
@@ -36,8 +38,21 @@ def delay(attempt: int, first: float, cap: float) -> float:
     return float(wait(first, cap)(state))
 
 
-def retrying(attempts: int, first: float, cap: float, retry: retry_base) -> AsyncRetrying:
+def retrying(
+    attempts: int,
+    first: float,
+    cap: float,
+    retry: retry_base,
+    hint: Callable[[BaseException], float | None] | None = None,
+) -> AsyncRetrying:
     """An ``async for attempt in retrying(...): with attempt: ...`` loop: at most ``attempts``
     calls, retried while ``retry`` says so, waiting :func:`delay` (``first`` doubling up to ``cap``)
-    between them; the last failure is re-raised as itself (not as ``tenacity.RetryError``)."""
-    return AsyncRetrying(retry=retry, stop=stop_after_attempt(attempts), wait=wait(first, cap), reraise=True)
+    between them, or longer where ``hint`` reads a wait from the failure (a ``Retry-After``, at most
+    ``cap`` seconds); the last failure is re-raised as itself (not as ``tenacity.RetryError``)."""
+    doubling = wait(first, cap)
+
+    def waited(state: RetryCallState) -> float:
+        told = hint(state.outcome.exception()) if hint and state.outcome else None
+        return max(doubling(state), min(told or 0.0, cap))
+
+    return AsyncRetrying(retry=retry, stop=stop_after_attempt(attempts), wait=waited, reraise=True)

@@ -24,12 +24,22 @@ STREAM_BACKOFF_S = (1.0, 10.0)
 
 
 class RequestFailed(Exception):
-    """The gateway answered with an error; ``problem`` holds its problem-details body."""
+    """The gateway answered with an error; ``problem`` holds its problem-details body and
+    ``retry_after`` its ``Retry-After`` in seconds (None without one, or with an HTTP date)."""
 
-    def __init__(self, status: int, problem: dict):
+    def __init__(self, status: int, problem: dict, retry_after: float | None = None):
         super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}")
         self.status = status
         self.problem = problem
+        self.retry_after = retry_after
+
+    @property
+    def engine_down(self) -> bool:
+        """A 503 because the gateway has no engine to run pages (loading, or every replica down):
+        every document would get it until the engine is back."""
+        return self.status == 503 and str(self.problem.get("type", "")).endswith(
+            ("/engine-down", "/engine-unavailable")
+        )
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -85,16 +95,18 @@ class OcrClient:
         return True
 
     async def _retrying(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
-        """``send()`` until it answers below 400, retrying 429/502/503 and connection errors.
+        """``send()`` until it answers below 400, retrying 429/502/503 and connection errors (after
+        the back-off, or the answer's ``Retry-After`` where longer, up to the back-off's cap).
 
         Raises:
             RequestFailed: an error status that is not retried, or the last one.
         """
-        async for attempt in backoff.retrying(self.attempts, *REQUEST_BACKOFF_S, retry_if_exception(_retryable)):
+        retry = retry_if_exception(_retryable)
+        async for attempt in backoff.retrying(self.attempts, *REQUEST_BACKOFF_S, retry, _retry_after):
             with attempt:
                 response = await send()
                 if response.status_code >= 400:
-                    raise RequestFailed(response.status_code, _problem_body(response))
+                    raise RequestFailed(response.status_code, _problem_body(response), _seconds(response))
         return response
 
     async def _post_file(self, url: str, path: Path, data: dict, headers: dict | None = None) -> httpx.Response:
@@ -177,6 +189,16 @@ class OcrClient:
         """
         response = await self._retrying(lambda: self._http.get(f"/v1/jobs/{job_id}/result", params={"format": fmt}))
         return response.json() if fmt == "json" else response.text
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    return exc.retry_after if isinstance(exc, RequestFailed) else None
+
+
+def _seconds(response: httpx.Response) -> float | None:
+    """``Retry-After`` as seconds (RFC 9110 section 10.2.3's delay-seconds form), else None."""
+    value = response.headers.get("retry-after", "")
+    return float(value) if value.isdigit() else None
 
 
 def _problem_body(response: httpx.Response) -> dict:

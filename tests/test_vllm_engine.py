@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -380,6 +383,24 @@ def test_a_replica_never_up_is_still_loading_not_down(tmp_path):
             refused, 503, rf"still loading: no vLLM replica has come up yet: {dead} not up yet \(connection refused;"
         )
         assert body["type"].endswith("/engine-unavailable") and refused.headers["retry-after"] == "2"
+        # the client retries after Retry-After, then stops the run with one line: every document would fail
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        for n in range(4):
+            (docs / f"d{n}.tif").write_bytes((DATA / "phototest.tif").read_bytes())
+        done = subprocess.run(
+            [sys.executable, "-m", "ocrserve", "ocr", str(docs), "--url", gw.url, "--out", str(tmp_path / "res")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 3, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"error: the gateway at {gw.url} has no OCR engine up (503 Engine unavailable: ")
+        assert lines[0].endswith("; stopping here.") and dead in lines[0]
+        assert "0 done, 0 skipped (already in" in done.stderr and "run the same command again" in done.stderr
     finally:
         gw.stop()
 

@@ -31,7 +31,8 @@ from ocrserve.client import OcrClient, RequestFailed, idempotency_key
 SUFFIX = {"json": ".json", "text": ".txt", "markdown": ".md"}
 #: Job statuses whose result is worth writing (a partial one carries its failed pages' errors).
 WRITTEN = ("succeeded", "partial")
-#: Exit status when the gateway stops answering mid-run (connection refused or reset, after retries).
+#: Exit status when the gateway stops answering mid-run (connection refused or reset, after retries),
+#: or has no OCR engine up (503 engine-down or engine-unavailable, after retries).
 GATEWAY_GONE = 3
 #: Exit status after Ctrl-C (128 + SIGINT).
 INTERRUPTED = 130
@@ -42,8 +43,9 @@ class JobFailed(Exception):
 
 
 class GatewayGone(Exception):
-    """The gateway stopped answering mid-run: a document's request failed on the connection after
-    its retries, and ``GET /healthz`` got no answer either."""
+    """The run cannot go on: the gateway stopped answering (a document's request failed on the
+    connection after its retries, and ``GET /healthz`` got no answer either), or it has no OCR
+    engine up (503 after the retries); the message says which."""
 
 
 @dataclass
@@ -164,9 +166,15 @@ async def _run(
                     return
                 try:
                     result = await client.ocr(doc, fmt="json", pages=pages)
+                except RequestFailed as exc:
+                    if exc.engine_down:  # after its retries: every other document would get it too
+                        raise GatewayGone(f"the gateway at {url} has no OCR engine up ({exc})") from exc
+                    raise
                 except httpx.TransportError as exc:
                     if not await client.answers():
-                        raise GatewayGone(f"{exc or type(exc).__name__}") from exc
+                        raise GatewayGone(
+                            f"the gateway at {url} stopped answering ({exc or type(exc).__name__})"
+                        ) from exc
                     outcomes[doc] = exc
                     tally.failed += 1
                     return
@@ -391,7 +399,7 @@ def ocr(
         asyncio.run(_run(docs, url, format, out, concurrency, api_key, pages, force, tally, outcomes))
     except GatewayGone as gone:
         err_console.print(
-            f"[red]error:[/red] the gateway at {escape(url)} stopped answering ({escape(str(gone))}); stopping here.",
+            f"[red]error:[/red] {escape(str(gone))}; stopping here.",
             highlight=False,
             soft_wrap=True,
         )

@@ -476,6 +476,13 @@ class RouterConfig(Section):
         description="Time two synthetic pages (a line, a full letter page) at start, before /readyz is 200, so "
         "admission estimates know how a page's time grows with its size from the first request",
     )
+    calibrate_max_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Output-token cap of each calibration page (engines that generate: vLLM), never retried when "
+        "cut: a model that does not end its reply (a random or degenerate one) would otherwise decode the model "
+        "card's whole max_tokens (16,384 for HunyuanOCR) twice before /readyz; the letter page's text is ~700",
+    )
     initial_page_s: float = Field(
         1.0,
         gt=0,

@@ -268,10 +268,15 @@ class Router:
     async def calibrate(self, pages: list[Page]) -> None:
         """Run ``pages`` (synthetic ones of different cost, before clients are served) straight
         through the engine, one at a time, and teach the admission's service-time model their
-        seconds (at the engine's full concurrency a page takes longer; later pages correct it)."""
+        seconds (at the engine's full concurrency a page takes longer; later pages correct it).
+        Each reply is capped at ``router.calibrate_max_tokens`` output tokens
+        (:meth:`~ocrserve.engines.base.Engine.calibration_page`), so that a model that never ends
+        its reply cannot hold ``/readyz`` for its whole ``max_tokens``."""
         for page in pages:
             started = time.monotonic()
-            await self.engine.ocr_page(page, priority=Priority(self.cfg.fast.priority))
+            await self.engine.calibration_page(
+                page, priority=Priority(self.cfg.fast.priority), max_tokens=self.cfg.calibrate_max_tokens
+            )
             self.service.record(self.page_cost_of(page), time.monotonic() - started)
 
     @property

@@ -49,6 +49,10 @@ MAX_NUM_SEQS = 4
 MAX_MODEL_LEN = 16384
 #: Output tokens per request (``--override-generation-config``).
 MAX_NEW_TOKENS = 24
+#: vLLM's own admission cap (``--max-num-queued-reqs``: waiting + running): above the pages the
+#: test gateway keeps in flight (2 x MAX_NUM_SEQS + a burst slot), so only other clients reach it;
+#: beyond it vLLM answers 503 at once (``vllm:admission_rejections_total``).
+MAX_QUEUED_REQS = 12
 #: KV cache (``--kv-cache-memory-bytes``): 32 MiB, 32,768 tokens of the tiny model in float32
 #: (2 layers x K, V x 2 KV heads x 32 x 4 bytes = 1 KiB a token), two sequences of MAX_MODEL_LEN.
 KV_CACHE_BYTES = 32 * 2**20
@@ -110,6 +114,8 @@ class RealVllm:
             "--override-generation-config",
             json.dumps({"max_new_tokens": MAX_NEW_TOKENS}),
             "--enable-log-requests",
+            "--max-num-queued-reqs",
+            str(MAX_QUEUED_REQS),
             *extra_args,
         ]
         environ = {
@@ -148,6 +154,15 @@ class RealVllm:
     def log_lines(self, pattern: str) -> list[str]:
         """Lines of vLLM's log that match the regular expression ``pattern``."""
         return [line for line in self.output().splitlines() if re.search(pattern, line)]
+
+    def added(self) -> list[str]:
+        """Ids of the requests vLLM's engine took, in order (``--enable-log-requests``:
+        ``Added request chatcmpl-...``)."""
+        return re.findall(r"Added request (\S+?)\.?$", self.output(), re.M)
+
+    def aborted(self, request_id: str) -> list[str]:
+        """vLLM's log lines saying it aborted ``request_id`` (``Aborted request(s) ...``)."""
+        return self.log_lines(rf"Aborted request\(s\) .*{re.escape(request_id)}")
 
     def stop(self) -> None:
         """SIGTERM vLLM's process group (it stops in ~2 s), SIGKILL after 30 s."""

@@ -7,17 +7,20 @@ Run ``scripts/vllm-cpu-env`` first; without it these tests skip. ``pytest -m rea
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from ocrserve.engines.chat import completion_request, image_data_uri
 from ocrserve.engines.vllm import read_vllm_metrics
 from ocrserve.models import get_model
 from tests import samples
-from tests.conftest import DATA, Gateway
+from tests.conftest import DATA, Gateway, post_then_hang_up, wait_for
+from tests.jobs_util import metric
 from tests.real_vllm import MAX_MODEL_LEN, MAX_NEW_TOKENS, MAX_NUM_SEQS, SERVED_MODEL
 from tests.test_vllm_engine import requests_by
 
@@ -32,8 +35,9 @@ PAGE_MAX_PIXELS = 4096 * 4096
 
 
 @pytest.fixture(scope="module")
-def gateway(real_vllm):
+def gateway(real_vllm, tmp_path_factory):
     gw = Gateway(
+        f"store.data_dir={tmp_path_factory.mktemp('store')}",
         f"engine.vllm.base_urls=[{real_vllm.url}]",
         f"engine.vllm.slots_per_replica={GATEWAY_SLOTS}",
         "engine.vllm.poll_interval_s=0.5",
@@ -75,7 +79,13 @@ def test_gateway_serves_a_page_through_real_vllm_with_its_timings(http, real_vll
     assert timings["engine_s"] == pytest.approx(timings["encode_s"] + timings["vllm_s"], abs=2e-3), timings
     # the random model never ends its reply: vLLM cuts it at MAX_NEW_TOKENS (finish_reason length),
     # the gateway retries once with the stronger repetition penalty, then marks the page truncated
-    assert page["generation"] == {"finish_reason": "length", "truncated": True, "retried": True}
+    # vLLM reports the reply's tokens (stream_options.include_usage): the retry's, cut at MAX_NEW_TOKENS
+    assert page["generation"] == {
+        "finish_reason": "length",
+        "truncated": True,
+        "retried": True,
+        "completion_tokens": MAX_NEW_TOKENS,
+    }
     after = requests_by(http)
     assert after[real_vllm.url, "ok"] - before.get((real_vllm.url, "ok"), 0) == 2
     usage = read_vllm_metrics(real_vllm.metrics())
@@ -131,3 +141,63 @@ def test_a_page_over_max_model_len_is_vllms_400_and_the_pages_4xx_without_a_retr
     sent = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
     assert sent == {(real_vllm.url, "error"): 1}, sent  # one request, never retried
     assert httpx.get(real_vllm.url + "/health").status_code == 200
+
+
+# --- aborts: every way a page stops being wanted reaches vLLM's engine ---------------------------
+
+#: Side of a page that keeps vLLM busy for seconds: 2048 x 2048 is 4,191 prompt tokens, ~5 s of
+#: vision encoder and prefill on one busy core (a 640 x 480 page takes ~0.3 s).
+SLOW_SIDE = 2048
+_slow_pages = iter(range(1, 1_000_000))
+
+
+def slow_page() -> bytes:
+    """A PNG page vLLM needs seconds for, never sent before: its corner differs from every other's,
+    so vLLM's prefix cache (keyed by the image's hash) cannot answer it at once."""
+    image = np.asarray(samples.phototest().resize((SLOW_SIDE, SLOW_SIDE))).copy()
+    image[:4, :4] = next(_slow_pages) % 256
+    image[4:8, :4] = next(_slow_pages) // 256 % 256
+    return samples.encode(Image.fromarray(image), "PNG")
+
+
+def next_added(real_vllm, before: int, timeout: float = 60.0) -> str:
+    """The id of the next request vLLM's engine takes after the first ``before`` ones."""
+    wait_for(lambda: len(real_vllm.added()) > before, timeout)
+    return real_vllm.added()[before]
+
+
+def assert_aborted_in_vllm(real_vllm, request_id: str, timeout: float = 30.0) -> str:
+    """vLLM's own log line for the abort of ``request_id``; returns it. vLLM counts no metric for
+    an abort (``vllm:request_success_total{finished_reason="abort"}`` stays 0 for a client's
+    disconnect), so its ``--enable-log-requests`` line is the evidence; and the request then never
+    finishes (no ``length`` for it)."""
+    (line,) = wait_for(lambda: real_vllm.aborted(request_id), timeout)
+    wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, timeout)
+    return line.split("] ", 1)[-1]
+
+
+def test_a_client_gone_mid_page_is_aborted_in_vllm(gateway, http, real_vllm):
+    """The client hangs up while its page is in vLLM: the gateway cancels the page, closes the
+    stream, and vLLM's API server aborts the request in its engine."""
+    before = len(real_vllm.added())
+    started = time.monotonic()
+    files = {"file": ("slow.png", slow_page())}
+    post_then_hang_up(gateway.url + "/v1/ocr", files, lambda: len(real_vllm.added()) > before)
+    request_id = real_vllm.added()[before]
+    line = assert_aborted_in_vllm(real_vllm, request_id)
+    print(f"hung up at {time.monotonic() - started:.1f} s; vLLM: {line}")
+    assert metric(http, "ocrserve_engine_aborted_pages_total", lane="fast", reason="cancelled") >= 1
+
+
+def test_a_cancelled_jobs_running_page_is_aborted_in_vllm(http, real_vllm):
+    """``DELETE /v1/jobs/{id}`` while the job's page is in vLLM: the job is cancelled and vLLM
+    aborts the page's request."""
+    before = len(real_vllm.added())
+    job = http.post("/v1/jobs", files={"file": ("slow.png", slow_page())})
+    assert job.status_code == 202, job.text
+    request_id = next_added(real_vllm, before)
+    cancelled = http.delete(job.headers["location"])
+    assert cancelled.status_code in (200, 202), cancelled.text
+    line = assert_aborted_in_vllm(real_vllm, request_id)
+    assert http.get(job.headers["location"]).json()["status"] == "cancelled"
+    print(f"vLLM: {line}")

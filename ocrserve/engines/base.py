@@ -96,6 +96,16 @@ class Engine(abc.ABC):
             PageError: this page failed; other pages are unaffected.
         """
 
+    async def calibration_page(self, page: Page, *, priority: int = 0, max_tokens: int) -> PageResult:
+        """OCR a synthetic calibration page (``router.calibrate``) whose reply ends within
+        ``max_tokens`` output tokens where the engine generates; by default :meth:`ocr_page` (the
+        embedded engine generates nothing). Its seconds teach admission, so it is never retried.
+
+        Raises:
+            PageError: as :meth:`ocr_page`.
+        """
+        return await self.ocr_page(page, priority=priority)
+
     async def ocr_pages(self, pages: Sequence[Page], *, priority: int = 0) -> list[PageResult | PageError]:
         """OCR several pages concurrently; each entry is a result or that page's error."""
         outcomes = await asyncio.gather(*(self.ocr_page(p, priority=priority) for p in pages), return_exceptions=True)

@@ -8,7 +8,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -23,8 +23,11 @@ from ocrserve.bench.harness import LocalGateway, percentile
 from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
 from ocrserve.bench.mixed import mixed
 from ocrserve.bench.report import cost, plot_capacity, quality, write, write_mixed
-from ocrserve.cli.common import documents_or_exit, err_console, require_extra
+from ocrserve.cli.common import Overrides, documents_or_exit, err_console, require_extra
 
+#: Longest wait for a started gateway's /readyz, seconds: one that launches vLLM (cpu-vllm on 2 busy
+#: cores) took 100 s; one that exits is noticed at once.
+GATEWAY_START_S = 900.0
 #: Requests in flight at once in an open-loop point, at most (arrivals beyond it wait for a connection).
 OPEN_LOOP_CONNECTIONS = 256
 
@@ -137,6 +140,7 @@ def bench(
         str | None, typer.Option(metavar="URL", help="A running gateway; without it (or with --sweep) one is started.")
     ] = None,
     profile: Annotated[str, typer.Option(metavar="NAME|PATH", help="Profile of the gateways started here.")] = "local",
+    set_: Overrides = None,
     sweep: Annotated[
         list[str] | None,
         typer.Option(
@@ -177,7 +181,7 @@ def bench(
     Closed loop: --concurrency requests in flight, each point --duration seconds. Open loop
     (--rate): Poisson arrivals offering that many pages/s, whose measured p95 is printed beside the
     capacity simulator's prediction. With --sweep the gateway is started once per value (on the
-    --profile) and loaded at the largest --concurrency: the server-side batch-size curve. Several
+    --profile, with the --set items) and loaded at the largest --concurrency: the server-side batch-size curve. Several
     --sweep options run every combination: one curve along the first KEY per setting of the others.
 
     The knee is where one more step adds less than --knee-gain of throughput; with --p95 the
@@ -218,6 +222,7 @@ def bench(
         duration,
         api_key,
         interval,
+        list(set_ or []),
     )
     try:
         if scenario == "mixed":
@@ -243,6 +248,8 @@ class Run:
     duration: float
     api_key: str | None
     interval: float
+    overrides: list[str] = field(default_factory=list)
+    """``--set`` items for every gateway started here (before the swept setting's)."""
 
     @property
     def clients(self) -> int:
@@ -277,7 +284,11 @@ def _bench_sweep(documents, run: Run, p95, knee_gain, max_cer_drift, cost_per_ho
 def _mixed_run(run: Run, setting: str, documents: list[Document]) -> dict:
     """The mixed scenario against ``run.url``, or a gateway started for ``setting`` (or when no url)."""
     started = setting or not run.url
-    gateway = LocalGateway(*([setting] if setting else []), profile=run.profile).wait_ready() if started else None
+    gateway = (
+        LocalGateway(*run.overrides, *setting.split(), profile=run.profile).wait_ready(GATEWAY_START_S)
+        if started
+        else None
+    )
     progress, point = _progress(1)
     try:
         figures = asyncio.run(_mixed_async(gateway.url if gateway else run.url, documents, run, point))
@@ -328,7 +339,7 @@ def _print_mixed(rows: list[dict]) -> None:
 
 
 def _run_client(run: Run, documents: list[Document]) -> list[Measurement]:
-    gateway = None if run.url else LocalGateway(profile=run.profile).wait_ready()
+    gateway = None if run.url else LocalGateway(*run.overrides, profile=run.profile).wait_ready(GATEWAY_START_S)
     progress, point = _progress(len(run.concurrencies) + len(run.rates))
     try:
         return asyncio.run(_client_sweep(run.url or gateway.url, documents, run, point))
@@ -343,10 +354,14 @@ def _run_sweep(run: Run, settings: list[str], documents: list[Document]) -> list
     progress, point = _progress(len(settings))
     try:
         for setting in settings:
-            with LocalGateway(*setting.split(), profile=run.profile) as gateway:
+            gateway = LocalGateway(*run.overrides, *setting.split(), profile=run.profile)
+            try:
+                gateway.wait_ready(GATEWAY_START_S)
                 measurement = asyncio.run(
                     _server_point(gateway.url, documents, run.clients, run.duration, setting, point)
                 )
+            finally:
+                gateway.stop()
             measurement.value = float(setting.split()[0].partition("=")[2])
             measured.append(measurement)
     finally:

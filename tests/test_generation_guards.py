@@ -65,7 +65,7 @@ async def test_a_normal_reply_is_streamed_unchanged():
         assert server.finished == 1 and server.aborted == 0
     assert result.text == NORMAL
     assert [line.text for line in result.lines] == NORMAL.splitlines()
-    assert result.generation == {"finish_reason": "stop", "truncated": False, "retried": False}
+    assert result.generation == {"finish_reason": "stop", "truncated": False, "retried": False, "completion_tokens": 10}
 
 
 async def test_a_looping_stream_is_cut_by_the_repetition_guard_and_aborted():
@@ -102,7 +102,7 @@ async def test_a_length_cut_reply_is_retried_once_with_the_stronger_guard():
         k: v for k, v in first.items() if k != "repetition_penalty"
     }
     assert result.text == NORMAL
-    assert result.generation == {"finish_reason": "stop", "truncated": False, "retried": True}
+    assert result.generation == {"finish_reason": "stop", "truncated": False, "retried": True, "completion_tokens": 10}
 
 
 async def test_a_reply_still_cut_after_the_retry_is_truncated():
@@ -110,7 +110,7 @@ async def test_a_reply_still_cut_after_the_retry_is_truncated():
         result = await _ocr(server)
         assert len(server.requests) == 2  # once retried, not more
     assert result.text == "cut off mid"
-    assert result.generation == {"finish_reason": "length", "truncated": True, "retried": True}
+    assert result.generation == {"finish_reason": "length", "truncated": True, "retried": True, "completion_tokens": 2}
 
 
 @pytest.mark.parametrize(

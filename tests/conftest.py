@@ -120,7 +120,7 @@ def real_vllm(tmp_path_factory):
     from tests.real_vllm import RealVllm, require_vllm_env
 
     env = require_vllm_env()
-    pytest.importorskip("transformers", reason="building the tiny model needs the debug extra")
+    pytest.importorskip("transformers", reason="building the tiny model needs transformers: pip install -e '.[debug]'")
     from tests.tiny_hunyuan import build_tiny_hunyuan
 
     folder = tmp_path_factory.mktemp("real-vllm")

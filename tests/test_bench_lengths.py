@@ -13,10 +13,11 @@ from enum import Enum
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from ocrserve.bench import lengths
-from ocrserve.bench.lengths import (
+torch = pytest.importorskip("torch", reason="the logits processor works on torch tensors: pip install -e '.[debug]'")
+
+from ocrserve.bench import lengths  # noqa: E402
+from ocrserve.bench.lengths import (  # noqa: E402
     LENGTHS_ENV,
     SEED_ENV,
     ForcedEnd,
@@ -26,7 +27,7 @@ from ocrserve.bench.lengths import (
     read_lengths,
     write_lengths,
 )
-from ocrserve.bench.load import Measurement, Outcome
+from ocrserve.bench.load import Measurement, Outcome  # noqa: E402
 
 
 class Move(Enum):

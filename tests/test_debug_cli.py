@@ -14,7 +14,7 @@ import sys
 import pytest
 
 pytest.importorskip("torch", reason="debug mode needs torch: pip install -e '.[debug]'")
-pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL needs transformers>=5.13 ('.[debug]')")
+pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL: pip install -e '.[debug]'")
 
 from typer.testing import CliRunner  # noqa: E402
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="debug mode needs torch: pip install -e '.[debug]'")
-pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL needs transformers>=5.13 ('.[debug]')")
+pytest.importorskip("transformers", minversion="5.13", reason="HunYuanVL: pip install -e '.[debug]'")
 
 import huggingface_hub  # noqa: E402  (comes with transformers)
 from transformers import AutoModelForImageTextToText  # noqa: E402

@@ -11,7 +11,7 @@ The random model never ends its reply, so each reply is ended after an OCR-shape
 loads the bench's logits processor (``--logits-processors
 ocrserve.bench.vllm_lengths:ForcedLengths``, through ``vllm.extra_args``), which draws a length per
 request, with ``--seed``, from the output lengths of the corpus's ground truth
-(:func:`ocrserve.bench.lengths.corpus_output_lengths`: ``--chars-per-token`` characters a token,
+(:func:`ocrserve.bench.forced_lengths.corpus_output_lengths`: ``--chars-per-token`` characters a token,
 one per CJK character) and forces the end token there. Nothing of this is in the gateway.
 
 Prints the lengths used, the sweep's table (pages/s, output tokens/s estimated from the mean drawn
@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ocrserve.bench.lengths import (  # noqa: E402
+from ocrserve.bench.forced_lengths import (  # noqa: E402
     CHARS_PER_TOKEN,
     LENGTHS_ENV,
     SEED_ENV,

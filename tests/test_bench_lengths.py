@@ -1,4 +1,4 @@
-"""OCR-shaped output lengths for the random model (``ocrserve.bench.lengths``), the vLLM logits
+"""OCR-shaped output lengths for the random model (``ocrserve.bench.forced_lengths``), the vLLM logits
 processor that imposes them (run against a stand-in of vLLM's interface: no vLLM here), and
 ``ocrserve bench --set`` reaching every gateway a sweep starts."""
 
@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the logits processor works on torch tensors: pip install -e '.[debug]'")
 
-from ocrserve.bench import lengths  # noqa: E402
-from ocrserve.bench.lengths import (  # noqa: E402
+from ocrserve.bench import forced_lengths as lengths  # noqa: E402
+from ocrserve.bench.forced_lengths import (  # noqa: E402
     LENGTHS_ENV,
     SEED_ENV,
     ForcedEnd,

@@ -1,4 +1,4 @@
-"""vLLM's side of :mod:`ocrserve.bench.lengths`: a v1 logits processor that ends each request after
+"""vLLM's side of :mod:`ocrserve.bench.forced_lengths`: a v1 logits processor that ends each request after
 an OCR-shaped length, for load tests against a random-weight model (bench tooling only: the gateway
 never imports it).
 
@@ -15,14 +15,14 @@ import logging
 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from ocrserve.bench.lengths import ForcedEnd, LengthSampler
+from ocrserve.bench.forced_lengths import ForcedEnd, LengthSampler
 
 logger = logging.getLogger("vllm.ocrserve.bench")
 
 
 class ForcedLengths(LogitsProcessor):
     """Each request added to the batch gets a length drawn from the lengths file; its end token is
-    masked before that length and forced at it (:class:`ocrserve.bench.lengths.ForcedEnd`)."""
+    masked before that length and forced at it (:class:`ocrserve.bench.forced_lengths.ForcedEnd`)."""
 
     def __init__(self, vllm_config, device, is_pin_memory: bool):
         sampler = LengthSampler.from_env()

@@ -300,15 +300,7 @@ class VllmEngine(Engine):
             if deadline is not None and deadline.passed():
                 raise DeadlinePassed(f"page {page.index + 1}: its deadline passed in the engine") from None
             raise
-        timings = {"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)}
-        generation = {
-            "finish_reason": reply.finish_reason,
-            "truncated": reply.finish_reason == "length",
-            "retried": retry is not None,
-        }
-        if reply.completion_tokens is not None:
-            generation["completion_tokens"] = reply.completion_tokens
-        return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
+        return self._result(page, reply, started, sent, retried=retry is not None)
 
     async def calibration_page(self, page: Page, *, priority: int = 0, max_tokens: int) -> PageResult:
         """One request for the page with ``max_tokens`` at most the model card's and
@@ -320,9 +312,16 @@ class VllmEngine(Engine):
         body["max_tokens"] = min(int(body.get("max_tokens") or max_tokens), max_tokens)
         sent = time.perf_counter()
         reply = await self._complete(body, None)
+        return self._result(page, reply, started, sent, retried=False)
+
+    def _result(self, page: Page, reply: Reply, started: float, sent: float, *, retried: bool) -> PageResult:
+        """``page``'s result from ``reply``: ``encode_s`` from ``started`` to ``sent`` and ``vllm_s``
+        from ``sent`` to now (``time.perf_counter`` seconds), and how the reply ended."""
         timings = {"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)}
-        cut = reply.finish_reason == "length"
-        generation = {"finish_reason": reply.finish_reason, "truncated": cut, "retried": False}
+        generation = {"finish_reason": reply.finish_reason, "truncated": reply.finish_reason == "length"}
+        generation["retried"] = retried
+        if reply.completion_tokens is not None:
+            generation["completion_tokens"] = reply.completion_tokens
         return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
 
     def _request_body(self, page: Page, priority: int) -> dict:

@@ -50,7 +50,7 @@ from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
 from ocrserve.logs import logging_config
-from ocrserve.models import get_model
+from ocrserve.models import ModelSpec, get_model
 
 #: Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before connections close.
 GRACEFUL_SHUTDOWN_S = 30
@@ -188,7 +188,7 @@ def plan_for(config: Config) -> Plan:
 
     if config.vllm.device == "cpu":
         return plan_cpu_for(config)
-    v, pre = config.vllm, config.preprocess
+    v = config.vllm
     spec = get_model(config.engine.model)
     gpu, detected = resolve_gpu(v.gpu, v.gpu_memory_gib)
     return plan_serving(
@@ -198,14 +198,7 @@ def plan_for(config: Config) -> Plan:
         gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if v.gpu_memory_utilization == "auto" else v.gpu_memory_utilization
         ),
-        min_pixels=pre.min_pixels if spec.supports_pixel_budget else None,
-        max_pixels=pre.max_pixels,
-        factor=pre.factor,
-        max_num_seqs=None if v.max_num_seqs == "auto" else v.max_num_seqs,
-        overrides=v.model_dump(),
-        vllm_version=None if v.version == "auto" else v.version,
-        gateway_overcommit=config.router.slot_overcommit,
-        gateway_burst=config.router.fast.burst_slots,
+        **_plan_arguments(config, spec),
         output_lengths=load_lengths(v.output_lengths) if v.output_lengths else None,
         overflow_target=v.kv_overflow_target,
         speculative=v.speculative,
@@ -218,23 +211,33 @@ def plan_cpu_for(config: Config) -> Plan:
     Raises:
         as :func:`plan_for`.
     """
-    v, pre = config.vllm, config.preprocess
+    v = config.vllm
     spec = get_model(config.engine.model)
     return plan_cpu_serving(
         spec,
         detect_host(v.cpu_memory_gib),
-        min_pixels=pre.min_pixels if spec.supports_pixel_budget else None,
-        max_pixels=pre.max_pixels,
-        factor=pre.factor,
-        max_num_seqs=None if v.max_num_seqs == "auto" else v.max_num_seqs,
-        overrides=v.model_dump(),
-        vllm_version=None if v.version == "auto" else v.version,
+        **_plan_arguments(config, spec),
         kv_cache_fraction=v.cpu_kv_cache_fraction,
         kv_cache_max_gib=v.cpu_kv_cache_max_gib,
         threads_bind=v.cpu_threads_bind,
-        gateway_overcommit=config.router.slot_overcommit,
-        gateway_burst=config.router.fast.burst_slots,
     )
+
+
+def _plan_arguments(config: Config, spec: ModelSpec) -> dict:
+    """The planner arguments a GPU and a CPU plan take alike from a profile for its model
+    ``spec``: the pixel budget, ``vllm`` settings that are not ``auto`` and the gateway's pages in
+    flight."""
+    v, pre = config.vllm, config.preprocess
+    return {
+        "min_pixels": pre.min_pixels if spec.supports_pixel_budget else None,
+        "max_pixels": pre.max_pixels,
+        "factor": pre.factor,
+        "max_num_seqs": None if v.max_num_seqs == "auto" else v.max_num_seqs,
+        "overrides": v.model_dump(),
+        "vllm_version": None if v.version == "auto" else v.version,
+        "gateway_overcommit": config.router.slot_overcommit,
+        "gateway_burst": config.router.fast.burst_slots,
+    }
 
 
 #: Variables removed from the environment of a CPU plan's ``vllm serve``: the legacy

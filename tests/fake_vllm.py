@@ -11,6 +11,17 @@
   records every request body and counts the streams aborted by a client disconnect, as vLLM
   aborts a streaming request whose client went away.
 
+Why a stand-in where the real vLLM (``tests/real_vllm.py``, tier ``real_vllm``) shows the rest:
+
+* the script: the launcher's plan, log relay and start-up on machines without vLLM's CPU build,
+  in seconds rather than vLLM's 30-120 s, and a vLLM that dies before it is healthy with a line
+  of our choosing (``FAKE_VLLM_FAIL``). Restarts after a kill and the SIGTERM drain run against
+  the real vLLM (``tests/test_real_launch.py``).
+* :class:`ScriptedVllm`: replies of a given text. The tiny random-weight model cannot be made to
+  write a reply that repeats a unit from 4,000 characters on (the repetition guard) or one that
+  ends with ``stop``; it only ever stops at its token cap. Its ``/metrics`` always reports 0
+  waiting: vLLM's real load (waiting, running, KV usage, its 503) is tested on the real engine.
+
 Environment (script):
     FAKE_VLLM_FAIL: print this line and exit 1 instead (a vLLM that dies at start-up).
 """

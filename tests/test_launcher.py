@@ -1,19 +1,20 @@
 """``ocrserve launch --profile prod`` as a real process, with ``tests/fake_vllm.py`` as the ``vllm``
 executable: the stand-in parses ``vllm serve MODEL --host H --port P ...`` and becomes
 ``ocrserve engine serve --backend onnx`` on that port, so the launcher's plan, health wait, log
-relay, restarts and shutdown all run for real. Plus, where vLLM is importable, every vLLM
-profile's launch command through vLLM's own argument parser."""
+relay and start-up failures run for real. Plus, where vLLM is importable, every vLLM
+profile's launch command through vLLM's own argument parser.
+
+vLLM killed and restarted, and SIGTERM draining the gateway and vLLM, are shown on the real vLLM
+(``tests/test_real_launch.py``, tier ``real_vllm``)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from typer.testing import CliRunner
 from ocrserve.bench.harness import REPO, free_port
 from ocrserve.cli import app
 from ocrserve.config import list_profiles, load_config
-from ocrserve.engines.vllm import read_vllm_metrics
 from ocrserve.gpu.launcher import plan_for, vllm_command
 from tests.conftest import DATA
 from tests.test_planner import _vllm_parser
@@ -199,38 +199,6 @@ def test_gateway_starts_after_vllm_is_healthy_and_reads_through_it(launched):
     response = ocr(launched.url)
     assert response.status_code == 200
     assert response.json()["text"].startswith("This is a lot of 12 point text")
-
-
-def test_vllm_killed_is_restarted_and_the_gateway_answers_503_meanwhile(launched):
-    first = launched.vllm_process()
-    first.kill()  # SIGKILL, as the OOM killer would
-    launched.wait_until(503, timeout=10)
-    refused = ocr(launched.url)
-    assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
-    launched.wait_until(200)
-    assert launched.vllm_process().pid != first.pid
-    assert "vLLM exited with code -9; restarting it in 0.5 s" in launched.output()
-    assert ocr(launched.url).json()["text"].startswith("This is a lot of 12 point text")
-
-
-def test_sigterm_drains_in_flight_work_then_stops_everything(launched):
-    family = psutil.Process(launched.proc.pid).children(recursive=True)
-    assert any("engine" in p.cmdline() for p in family) and len(family) >= 3
-    answer: list[httpx.Response] = []
-    request = threading.Thread(target=lambda: answer.append(ocr(launched.url)))
-    request.start()
-    deadline = time.monotonic() + 30
-    while read_vllm_metrics(httpx.get(launched.vllm_url + "/metrics").text)["running"] < 1:
-        assert time.monotonic() < deadline, "the page never reached vLLM"
-        time.sleep(0.01)
-    launched.proc.send_signal(signal.SIGTERM)
-    request.join(120)
-    assert answer and answer[0].status_code == 200, answer and answer[0].text
-    assert answer[0].json()["text"].startswith("This is a lot of 12 point text")
-    assert launched.proc.wait(60) == 0
-    gone, alive = psutil.wait_procs(family, timeout=15)
-    assert not alive, [(p.pid, p.cmdline()) for p in alive]
-    assert "stopping vLLM" in launched.output()
 
 
 @pytest.mark.vllm

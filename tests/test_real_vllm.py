@@ -186,15 +186,16 @@ def test_a_client_gone_mid_page_is_aborted_in_vllm(gateway, http, real_vllm):
 
 
 def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm):
-    """A request's ``timeout`` passes while its page is in vLLM: 504 at the deadline, and vLLM
+    """A request's ``timeout`` passes while its page is in vLLM (6 s: under heavy load vLLM's API
+    server spent over 3 s on the image before its engine took it): 504 at the deadline, and vLLM
     aborts the request rather than finishing it for nobody."""
     before = len(real_vllm.added())
     started = time.monotonic()
-    response = http.post("/v1/ocr", files={"file": ("slow.png", slow_page())}, data={"timeout": "3"})
+    response = http.post("/v1/ocr", files={"file": ("slow.png", slow_page())}, data={"timeout": "6"})
     took = time.monotonic() - started
     assert response.status_code == 504, response.text
     assert "deadline passed in the engine" in response.json()["detail"], response.text
-    assert took < 6, took
+    assert took < 10, took
     request_id = next_added(real_vllm, before)
     line = assert_aborted_in_vllm(real_vllm, request_id)
     print(f"504 after {took:.1f} s; vLLM: {line}")
@@ -244,9 +245,14 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(http, r
     """Another client fills vLLM to its ``--max-num-queued-reqs``: vLLM answers the gateway's page
     503 (its ``admission_rejections_total`` counts it), and the gateway answers its client 503 with
     ``Retry-After`` at once, not after holding the page to its deadline (504) or as a 502."""
-    streams = _flood(real_vllm, MAX_QUEUED_REQS)
+    streams = _flood(real_vllm, MAX_QUEUED_REQS + 2)  # the last ones are refused themselves
     try:
-        usage = wait_for(lambda: (u := read_vllm_metrics(real_vllm.metrics())).get("waiting", 0) > 0 and u)
+
+        def full() -> dict | None:
+            usage = read_vllm_metrics(real_vllm.metrics())
+            return usage if usage.get("running", 0) + usage.get("waiting", 0) >= MAX_QUEUED_REQS else None
+
+        usage = wait_for(full)
         refused_before = admission_rejections(real_vllm)
         started = time.monotonic()
         response = http.post("/v1/ocr", files={"file": ("page.tif", (DATA / "phototest.tif").read_bytes())})

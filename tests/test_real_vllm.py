@@ -81,7 +81,13 @@ def test_gateway_serves_a_page_through_real_vllm_with_its_timings(http, real_vll
     assert timings["engine_s"] == pytest.approx(timings["encode_s"] + timings["vllm_s"], abs=2e-3), timings
     # the random model never ends its reply: vLLM cuts it at MAX_NEW_TOKENS (finish_reason length),
     # the gateway retries once with the stronger repetition penalty, then marks the page truncated
-    assert page["generation"] == {"finish_reason": "length", "truncated": True, "retried": True}
+    # vLLM reports the reply's tokens (stream_options.include_usage): the retry's, cut at MAX_NEW_TOKENS
+    assert page["generation"] == {
+        "finish_reason": "length",
+        "truncated": True,
+        "retried": True,
+        "completion_tokens": MAX_NEW_TOKENS,
+    }
     after = requests_by(http)
     assert after[real_vllm.url, "ok"] - before.get((real_vllm.url, "ok"), 0) == 2
     usage = read_vllm_metrics(real_vllm.metrics())

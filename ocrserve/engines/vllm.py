@@ -324,21 +324,6 @@ class VllmEngine(Engine):
             generation["completion_tokens"] = reply.completion_tokens
         return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
 
-    async def calibration_page(self, page: Page, *, priority: int = 0, max_tokens: int) -> PageResult:
-        """One request for the page with ``max_tokens`` at most the model card's and
-        ``max_tokens``, never retried: the random-weight test model never ends its reply, and
-        HunyuanOCR's card allows 16,384 tokens, so a calibration page ran for minutes on vLLM's
-        CPU backend (twice, with the length retry) before ``/readyz`` could turn 200."""
-        started = time.perf_counter()
-        body = await asyncio.to_thread(self._request_body, page, priority)
-        body["max_tokens"] = min(int(body.get("max_tokens") or max_tokens), max_tokens)
-        sent = time.perf_counter()
-        reply = await self._complete(body, None)
-        timings = {"encode_s": round(sent - started, 4), "vllm_s": round(time.perf_counter() - sent, 4)}
-        cut = reply.finish_reason == "length"
-        generation = {"finish_reason": reply.finish_reason, "truncated": cut, "retried": False}
-        return reply_result(self.spec, self.cfg.task, reply.text, page, timings, generation)
-
     def _request_body(self, page: Page, priority: int) -> dict:
         uri = image_data_uri(page.image, self.cfg.image_format, self.cfg.jpeg_quality)
         return completion_request(

@@ -408,12 +408,25 @@ class Router:
         too; and the pages in the engine) and its own, by the measured seconds a page takes for its
         cost (:class:`~ocrserve.servicetime.ServiceTime`: a large scan takes longer than a receipt),
         over the pages the engine runs at once. Decoding is left out: it overlaps the engine's work
-        on earlier pages."""
+        on earlier pages. Work other clients queued inside the engine (vLLM's waiting requests,
+        :meth:`~ocrserve.engines.base.Engine.queued_inside`) runs first: :meth:`inside_s`."""
         fast = self.lanes[FAST]
         pages_ahead = lane.ahead(priority) + self.in_flight + (fast.reserved if lane.name == BULK else 0)
         in_engine = sum(each.in_flight_cost for each in self.lanes.values())
         cost_ahead = lane.cost_ahead(priority) + in_engine + (fast.cost_ahead(None) if lane.name == BULK else 0)
-        return (self.service.seconds(pages_ahead, cost_ahead) + self.service.seconds(pages, cost)) / self.limit
+        ours = (self.service.seconds(pages_ahead, cost_ahead) + self.service.seconds(pages, cost)) / self.limit
+        return ours + self.inside_s()
+
+    def inside_s(self) -> float:
+        """Seconds until the engine has started what others queued inside it (vLLM's waiting
+        requests from other clients, :meth:`~ocrserve.engines.base.Engine.queued_inside`),
+        priced as pages of ours where the engine cannot tell."""
+        queued, drain_s = self.engine.queued_inside()
+        if not queued:
+            return 0.0
+        if drain_s is None:
+            return self.service.seconds(math.ceil(queued), queued * self.page_cost) / self.limit
+        return drain_s
 
     def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
         """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
@@ -423,9 +436,11 @@ class Router:
             return
         wait = max(1, math.ceil(estimate - left))
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
+        inside = self.inside_s()
+        others = f"; {inside:.0f} s of it queued in the engine by other clients" if inside else ""
         raise Overloaded(
             f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
-            f"{estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once); "
+            f"{estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once{others}); "
             f"retry in {wait} s, or send it to be done asynchronously "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",

@@ -191,20 +191,50 @@ def test_a_client_gone_mid_page_is_aborted_in_vllm(gateway, http, real_vllm):
     assert metric(http, "ocrserve_engine_aborted_pages_total", lane="fast", reason="cancelled") >= 1
 
 
-def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm):
-    """A request's ``timeout`` passes while its page is in vLLM (6 s: under heavy load vLLM's API
-    server spent over 3 s on the image before its engine took it): 504 at the deadline, and vLLM
-    aborts the request rather than finishing it for nobody."""
+def timed_slow_page(http, real_vllm) -> tuple[float, float]:
+    """One :func:`slow_page` through the gateway without a deadline: (seconds until vLLM's engine
+    took its first request, seconds until the answer). The page's requests (the first and its
+    length retry) are in vLLM's engine from the first to the second, bar a moment between them."""
     before = len(real_vllm.added())
     started = time.monotonic()
-    response = http.post("/v1/ocr", files={"file": ("slow.png", slow_page())}, data={"timeout": "6"})
+    taken: list[float] = []
+
+    def watch() -> None:
+        wait_for(lambda: len(real_vllm.added()) > before, 120)
+        taken.append(time.monotonic() - started)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert ocr(http, slow_page(), "slow.png").status_code == 200
+    took = time.monotonic() - started
+    watcher.join(5)
+    return taken[0], took
+
+
+def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm):
+    """A request's ``timeout`` passes while its page is in vLLM: 504 at the deadline, and vLLM
+    aborts the request rather than finishing it for nobody. The deadline falls a quarter of the way
+    from the moment vLLM's engine takes such a page to its answer (two requests: the first and its
+    length retry), timed on one just before (the machine's load changes both)."""
+    taken_s, answer_s = timed_slow_page(http, real_vllm)
+    timeout = taken_s + (answer_s - taken_s) / 4  # in the first of its two requests
+    before = len(real_vllm.added())
+    started = time.monotonic()
+    response = http.post("/v1/ocr", files={"file": ("slow.png", slow_page())}, data={"timeout": f"{timeout:.2f}"})
     took = time.monotonic() - started
     assert response.status_code == 504, response.text
     assert "deadline passed in the engine" in response.json()["detail"], response.text
-    assert took < 10, took
-    request_id = next_added(real_vllm, before)
-    line = assert_aborted_in_vllm(real_vllm, request_id)
-    print(f"504 after {took:.1f} s; vLLM: {line}")
+    assert took < timeout + 2, (took, timeout)
+
+    def aborted() -> list[str]:
+        return [line for request in real_vllm.added()[before:] for line in real_vllm.aborted(request)]
+
+    line = wait_for(aborted, 30)[0].split("] ", 1)[-1]
+    wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 30)
+    print(
+        f"a slow page: in vLLM's engine at {taken_s:.1f} s, answered at {answer_s:.1f} s; with timeout="
+        f"{timeout:.1f}: 504 after {took:.1f} s; vLLM: {line}"
+    )
 
 
 def test_a_cancelled_jobs_running_page_is_aborted_in_vllm(http, real_vllm):
@@ -226,16 +256,19 @@ def test_a_cancelled_jobs_running_page_is_aborted_in_vllm(http, real_vllm):
 
 def _flood(real_vllm, count: int) -> list[httpx.Response]:
     """``count`` streaming requests straight to vLLM (another client), each a page it needs
-    seconds for; left open (close them to abort them in vLLM)."""
+    seconds for, sent at once; left open (close them to abort them in vLLM)."""
     spec = get_model(SERVED_MODEL)
-    client = httpx.Client(base_url=real_vllm.url, timeout=120)
-    streams = []
-    for _ in range(count):
-        image = np.asarray(Image.open(io.BytesIO(slow_page())).convert("RGB"))
+    client = httpx.Client(base_url=real_vllm.url, timeout=120, limits=httpx.Limits(max_connections=count))
+
+    def send(page: bytes) -> httpx.Response:
+        image = np.asarray(Image.open(io.BytesIO(page)).convert("RGB"))
         body = completion_request(spec, "text", image_data_uri(image, "jpeg"), model=SERVED_MODEL, priority=None)
         request = client.build_request("POST", "/v1/chat/completions", json=body | {"stream": True})
-        streams.append(client.send(request, stream=True))
-    return streams
+        return client.send(request, stream=True)
+
+    pages = [slow_page() for _ in range(count)]
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(send, pages))
 
 
 def admission_rejections(real_vllm) -> float:
@@ -278,3 +311,46 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(http, r
     )
     wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 60)
     assert ocr(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif").status_code == 200
+
+
+def test_other_clients_queue_in_vllm_makes_admission_refuse_before_vllms_queue_grows(http, real_vllm):
+    """Another client queues pages in vLLM (below its ``--max-num-queued-reqs``, so vLLM would take
+    more): the gateway sees vLLM's waiting requests and how long its requests run in vLLM's own
+    ``/metrics``, and refuses a page that could not start before its deadline at once (503,
+    ``deadline-unmeetable``, ``Retry-After``) without sending vLLM anything (vLLM's log shows no
+    new request), rather than queueing it behind them to time out."""
+    # one slow page straight to vLLM first, so that its request_inference_time_seconds holds one
+    spec = get_model(SERVED_MODEL)
+    image = np.asarray(Image.open(io.BytesIO(slow_page())).convert("RGB"))
+    body = completion_request(spec, "text", image_data_uri(image, "jpeg"), model=SERVED_MODEL, priority=None)
+    assert httpx.post(real_vllm.url + "/v1/chat/completions", json=body, timeout=300).status_code == 200
+    streams = _flood(real_vllm, MAX_QUEUED_REQS - 2)
+    try:
+
+        def gateway_sees_them() -> float | None:
+            waiting = metric(http, "ocrserve_vllm_requests_waiting", replica=real_vllm.url)
+            return waiting if waiting >= 2 else None
+
+        waiting = wait_for(gateway_sees_them)
+        usage = read_vllm_metrics(real_vllm.metrics())
+        before = len(real_vllm.added())
+        started = time.monotonic()
+        response = http.post(
+            "/v1/ocr", files={"file": ("page.tif", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "2"}
+        )
+        took = time.monotonic() - started
+        sent = len(real_vllm.added()) - before
+    finally:
+        for stream in streams:
+            stream.close()
+    assert response.status_code == 503, response.text
+    problem = response.json()
+    assert problem["type"].endswith("deadline-unmeetable"), problem
+    assert "queued in the engine by other clients" in problem["detail"], problem
+    assert int(response.headers["retry-after"]) >= 1 and took < 2, took
+    assert sent == 0, sent
+    print(
+        f"vLLM running {usage['running']:.0f}, waiting {usage['waiting']:.0f} (gateway saw {waiting}); "
+        f"503 after {took:.2f} s, Retry-After {response.headers['retry-after']}: {problem['detail']}"
+    )
+    wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 60)

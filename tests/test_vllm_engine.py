@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ocrserve.bench.harness import free_port
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
+from ocrserve.engines.vllm import Replica as VllmReplica
 from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
 from ocrserve.gpu.engine_server import REPLICA_HEADER
@@ -314,6 +315,37 @@ def test_vllm_metrics_and_base_urls():
     )
     assert read_vllm_metrics(exposition) == {"waiting": 5.0, "kv_cache_usage": 0.75}
     assert server_root("http://gpu1:8001/v1/") == server_root("http://gpu1:8001") == "http://gpu1:8001"
+
+
+def test_inference_time_between_polls_prices_other_clients_queue():
+    """vLLM's ``request_inference_time_seconds`` between two polls is how long its requests ran;
+    the requests other clients queue there are priced with it, over the batch vLLM ran."""
+
+    def exposition(seconds: float, count: int, running: int, waiting: int) -> str:
+        return (
+            "# TYPE vllm:request_inference_time_seconds histogram\n"
+            f'vllm:request_inference_time_seconds_bucket{{le="+Inf",model_name="m"}} {count}\n'
+            f'vllm:request_inference_time_seconds_count{{model_name="m"}} {count}\n'
+            f'vllm:request_inference_time_seconds_sum{{model_name="m"}} {seconds}\n'
+            f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+            f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+        )
+
+    first = read_vllm_metrics(exposition(10.0, 4, 0, 0))
+    assert first == {"inference_s_sum": 10.0, "inference_count": 4.0, "running": 0.0, "waiting": 0.0}
+    replica = VllmReplica("http://gpu1:8001", up=True, outstanding=2)
+    replica.record_load(first)
+    assert replica.request_s == 2.5 and replica.foreign_waiting() == 0
+    replica.record_load(read_vllm_metrics(exposition(10.0, 4, 4, 6)))  # nothing finished: kept
+    assert replica.request_s == 2.5
+    replica.record_load(read_vllm_metrics(exposition(34.0, 6, 4, 6)))  # 2 requests, 24 s
+    assert replica.request_s == 12.0
+    # 10 requests in vLLM, 2 of them ours: the 6 waiting are others'; 6 x 12 s over a batch of 4
+    assert replica.foreign_waiting() == 6 and replica.drain_s() == 18.0
+    replica.outstanding = 8  # ours fill the batch and wait there too: 2 of the waiting are others'
+    assert replica.foreign_waiting() == 2 and replica.drain_s() == 6.0
+    replica.record_load(read_vllm_metrics(exposition(1.0, 1, 0, 0)))  # vLLM restarted: counters anew
+    assert replica.request_s == 12.0 and replica.inference_seen == (1.0, 1.0)
 
 
 # --- a replica that was up and is gone ---------------------------------------------------------

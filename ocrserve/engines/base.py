@@ -122,6 +122,16 @@ class Engine(abc.ABC):
         """
         return False
 
+    def queued_inside(self) -> tuple[float, float | None]:
+        """Work queued inside the engine by others, ahead of any page the router sends now:
+        (requests, seconds until the engine has started them all, or None where it cannot tell).
+
+        The embedded engine queues nothing of its own (the router owns all its slots): (0, None).
+        The vLLM engine reports other clients' requests waiting in vLLM, priced by how long
+        vLLM's requests ran of late.
+        """
+        return 0.0, None
+
     def unready(self) -> Unready | None:
         """Why the engine takes no pages now, or None while it is ``ready``. An embedded engine is
         only ever loading; the vLLM engine names its replicas and how long each has been down."""

@@ -86,6 +86,10 @@ WATCHED_METRICS = {
 
 #: KV-cache usage (0-1) above which vLLM would start preempting; the router holds pages back.
 KV_CACHE_FULL = 0.95
+#: vLLM's histogram of the seconds a request spent running (prefill + decode, after its queue
+#: wait; ``vllm/v1/metrics/loggers.py``): its ``_sum`` / ``_count`` between two polls is how long
+#: the requests that just finished ran, whoever sent them.
+INFERENCE_TIME = "vllm:request_inference_time_seconds"
 
 
 def server_root(url: str) -> str:
@@ -98,10 +102,15 @@ def read_vllm_metrics(exposition: str) -> dict[str, float]:
     """The watched gauges from a Prometheus text exposition (see :data:`WATCHED_METRICS`).
 
     A data-parallel vLLM reports one sample per engine: counts are summed, KV-cache usage (0-1)
-    is the fullest engine's.
+    is the fullest engine's. :data:`INFERENCE_TIME`'s ``_sum`` (seconds) and ``_count``
+    (requests) become ``inference_s_sum`` and ``inference_count``.
     """
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(exposition):
+        if family.name == INFERENCE_TIME:
+            for suffix, key in (("_sum", "inference_s_sum"), ("_count", "inference_count")):
+                values[key] = sum(s.value for s in family.samples if s.name == INFERENCE_TIME + suffix)
+            continue
         key = WATCHED_METRICS.get(family.name)
         samples = [s.value for s in family.samples]
         if key and samples:
@@ -124,6 +133,9 @@ class Replica:
         outstanding: requests this gateway has in flight there.
         waiting, running: vLLM's queued / running requests at the last poll (all clients).
         kv_cache_usage: fraction of its KV cache in use at the last poll, 0-1.
+        request_s: seconds the requests that finished between its last two polls that saw any
+            finish ran, on average (vLLM's :data:`INFERENCE_TIME`); None before any finished.
+        inference_seen: :data:`INFERENCE_TIME`'s (``_sum``, ``_count``) at the last poll.
     """
 
     url: str
@@ -136,6 +148,34 @@ class Replica:
     waiting: float = 0.0
     running: float = 0.0
     kv_cache_usage: float = 0.0
+    request_s: float | None = None
+    inference_seen: tuple[float, float] = (0.0, 0.0)
+
+    def record_load(self, values: dict[str, float]) -> None:
+        """Take a poll's :func:`read_vllm_metrics`: the load gauges, and ``request_s`` from the
+        requests finished since the last poll (none finished, or vLLM restarted and its counters
+        began anew: kept)."""
+        self.waiting = values.get("waiting", 0.0)
+        self.running = values.get("running", 0.0)
+        self.kv_cache_usage = values.get("kv_cache_usage", 0.0)
+        seen = (values.get("inference_s_sum", 0.0), values.get("inference_count", 0.0))
+        finished = seen[1] - self.inference_seen[1]
+        if finished > 0:
+            self.request_s = (seen[0] - self.inference_seen[0]) / finished
+        self.inference_seen = seen
+
+    def foreign_waiting(self) -> float:
+        """Requests waiting in vLLM's queue that are not this gateway's: vLLM's requests less this
+        gateway's ``outstanding`` ones, at most its ``waiting`` (last poll)."""
+        return min(self.waiting, max(0.0, self.running + self.waiting - self.outstanding))
+
+    def drain_s(self) -> float | None:
+        """Seconds until vLLM has started every :meth:`foreign_waiting` request: that many, each
+        running ``request_s``, ``running`` at once (vLLM's batch as it ran at the last poll).
+        None before any request finished."""
+        if self.request_s is None:
+            return None
+        return self.foreign_waiting() * self.request_s / max(1.0, self.running)
 
 
 @dataclass
@@ -203,6 +243,20 @@ class VllmEngine(Engine):
         """True while vLLM queues requests itself or its KV cache is nearly full (last poll): new
         pages then wait in ocrserve's router, where lanes order them, not in vLLM's FCFS queue."""
         return self.requests_waiting > 0 or self.kv_cache_usage >= KV_CACHE_FULL
+
+    def queued_inside(self) -> tuple[float, float | None]:
+        """Other clients' requests queued in the replicas that are up (last poll), plus one for each
+        whose KV cache is nearly full (a running request must end before another starts), and the
+        seconds until vLLM has started them all: the slowest replica's :meth:`Replica.drain_s`,
+        which the router waits for (:meth:`saturated`); None before vLLM finished a request."""
+        live = [r for r in self.replicas if r.up]
+        full = [r for r in live if r.kv_cache_usage >= KV_CACHE_FULL]
+        queued = sum(r.foreign_waiting() for r in live) + len(full)
+        drains = [r.drain_s() for r in live]
+        if not queued or None in drains:
+            return queued, None
+        drains += [r.request_s / max(1.0, r.running) for r in full]
+        return queued, max(drains)
 
     async def start(self) -> None:
         """Poll every replica once, then keep polling in the background.
@@ -393,6 +447,9 @@ class VllmEngine(Engine):
     def _refused(self, replica: Replica, response: httpx.Response) -> None:
         """Raise for a non-200 answer: 503 -> :class:`_Unavailable`, else the page's own error."""
         if response.status_code == 503:
+            # vLLM's queue is full (--max-num-queued-reqs) or it is not serving: hold the router's
+            # pages back until the next poll says otherwise (saturated())
+            replica.waiting = max(replica.waiting, 1.0)
             metrics.VLLM_REQUESTS.labels(replica.url, "unavailable").inc()
             raise _Unavailable(f"{replica.url}: 503 {_error_message(response)}")
         metrics.VLLM_REQUESTS.labels(replica.url, "error").inc()
@@ -475,9 +532,7 @@ class VllmEngine(Engine):
         return ""
 
     def _record_load(self, replica: Replica, values: dict[str, float]) -> None:
-        replica.waiting = values.get("waiting", 0.0)
-        replica.running = values.get("running", 0.0)
-        replica.kv_cache_usage = values.get("kv_cache_usage", 0.0)
+        replica.record_load(values)
         metrics.VLLM_REQUESTS_WAITING.labels(replica.url).set(replica.waiting)
         metrics.VLLM_REQUESTS_RUNNING.labels(replica.url).set(replica.running)
         metrics.VLLM_KV_CACHE_USAGE.labels(replica.url).set(replica.kv_cache_usage)

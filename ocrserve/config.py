@@ -451,6 +451,16 @@ class FastLaneConfig(LaneConfig):
     burst_slots: int = Field(
         1, ge=0, description="Interactive pages (not documents above urgent_pages) run beyond the engine's slots"
     )
+    latency_target_s: float = Field(
+        0.0,
+        ge=0,
+        description="A request without its own timeout is admitted only if it would be done within this, "
+        "seconds (a request with timeout gets what it asked for); 0 = latency_target_multiple x the time "
+        "the request takes on an idle engine",
+    )
+    latency_target_multiple: float = Field(
+        5.0, gt=1, description="The latency target as a multiple of an idle request's time (latency_target_s 0)"
+    )
     urgent_pages: int = Field(
         1,
         ge=1,

@@ -11,6 +11,7 @@ problem, and every page is counted once in ``ocrserve_pages_total``, when its ou
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ocrserve import metrics
@@ -72,6 +73,36 @@ def with_timings(result: PageResult, page: Page, queued: float) -> PageResult:
     return result
 
 
+async def attempt_page(
+    page: Page | DecodeFailure, read: Callable[[Page], Awaitable[PageResult]], skipped: Callable[[], None]
+) -> Attempt:
+    """The steps of one page, the same in the gateway and in batch: a page that failed decoding
+    fails with its problem, a page whose result is known (its PDF text layer, a blank page) is
+    answered without the engine (``skipped()`` is called for both), and any other is read by
+    ``read`` (the router, or batch's engine); an engine failure becomes its problem
+    (:func:`page_problem`) and every result gets its timings (:func:`with_timings`).
+
+    Raises:
+        Exception: whatever ``read`` raises besides :class:`~ocrserve.engines.base.PageError`.
+    """
+    if isinstance(page, DecodeFailure):
+        skipped()
+        return Attempt.failed(page.index, page.problem)
+    metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
+    queued = time.perf_counter()
+    if (known := page.known_result()) is not None:
+        skipped()
+        if known.source == "blank":
+            metrics.BLANK_PAGES.inc()
+        return Attempt(with_timings(known, page, queued))
+    try:
+        result = await read(page)
+    except PageError as exc:
+        return Attempt.failed(page.index, page_problem(page.index, exc), transient=exc.transient)
+    metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
+    return Attempt(with_timings(result, page, queued))
+
+
 class PagePipeline:
     """Runs single pages through the router (see the module docstring).
 
@@ -83,29 +114,20 @@ class PagePipeline:
         self.router = router
 
     async def run(self, page: Page | DecodeFailure, reservation: Reservation, terms: Terms) -> Attempt:
-        """One try of one page under ``terms``; the page takes one page of ``reservation``.
+        """One try of one page under ``terms`` (:func:`attempt_page`, through the router); the page
+        takes one page of ``reservation``.
 
         Raises:
             asyncio.CancelledError: its request went away (the page is dropped or aborted).
         """
-        if isinstance(page, DecodeFailure):
-            reservation.release(1)
-            return Attempt.failed(page.index, page.problem)
-        metrics.PREPROCESS_SECONDS.observe(page.preprocess_s)
-        queued = time.perf_counter()
-        if (known := page.known_result()) is not None:  # a PDF page's own text, or a blank page: no OCR
-            reservation.release(1)
-            if known.source == "blank":
-                metrics.BLANK_PAGES.inc()
-            return Attempt(with_timings(known, page, queued))
+
+        async def submit(page: Page) -> PageResult:
+            return await self.router.submit(page, reservation, terms)
+
         try:
-            result = await self.router.submit(page, reservation, terms)
+            return await attempt_page(page, submit, skipped=lambda: reservation.release(1))
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry
             return Attempt.failed(page.index, problem, transient=not terms.deadline_is_clients)
-        except PageError as exc:
-            return Attempt.failed(page.index, page_problem(page.index, exc), transient=exc.transient)
-        metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))
-        return Attempt(with_timings(result, page, queued))
 
     @staticmethod
     def count_final(attempt: Attempt) -> None:

@@ -232,8 +232,9 @@ class Router:
         self._submitted = itertools.count()
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
-        self._running: set[asyncio.Task] = set()
+        self._running: dict[asyncio.Task, Ticket] = {}
         self.service = ServiceTime(cfg.initial_page_s)  # a page's seconds in the engine by its cost
+        self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.limiter = LatencyLimit(self.capacity) if cfg.concurrency == "adaptive" else None
         metrics.CONCURRENCY_LIMIT.set(self.limit)
@@ -261,7 +262,9 @@ class Router:
             await self.engine.calibration_page(
                 page, priority=EngineClass.INTERACTIVE, max_tokens=self.cfg.calibrate_max_tokens
             )
-            self.service.record(self.page_cost_of(page), time.monotonic() - started)
+            seconds = time.monotonic() - started
+            self.service.record(self.page_cost_of(page), seconds)
+            self.idle.record(self.page_cost_of(page), seconds)
 
     @property
     def in_flight(self) -> int:
@@ -321,6 +324,8 @@ class Router:
         estimate = self.estimate_s(lane, pages, cost, priority)
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, estimate)
+        if lane.name == FAST and not terms.deadline_is_clients:
+            self._check_latency_target(lane, pages, cost, estimate)
         reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
         lane.enter(terms.client)
@@ -375,10 +380,46 @@ class Router:
             return self.service.seconds(math.ceil(queued), queued * self.page_cost) / self.limit
         return drain_s
 
+    def upper_factor(self) -> float:
+        """What admission multiplies :meth:`estimate_s` by: the service-time model's
+        :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` (a high quantile of how far finished
+        pages ran over their prediction), or the median over-run of the pages in the engine now
+        where larger, so a machine that slowed down shows before its pages finish."""
+        now = time.monotonic()
+        running = sorted((now - t.started) / self.service.page_s(t.cost) for t in self._running.values())
+        slowdown = running[len(running) // 2] if running else 1.0
+        return max(self.service.upper_factor(), slowdown)
+
+    def latency_target_s(self, pages: int, cost: int) -> float:
+        """The fast lane's latency target for a request of ``pages`` pages costing ``cost``:
+        ``router.fast.latency_target_s``, or ``latency_target_multiple`` x its seconds on an idle
+        engine (the calibration pages' fit; its pages side by side in the engine's slots)."""
+        if self.cfg.fast.latency_target_s:
+            return self.cfg.fast.latency_target_s
+        idle_s = self.idle.seconds(pages, cost) / min(pages, self.limit)
+        return self.cfg.fast.latency_target_multiple * idle_s
+
+    def _check_latency_target(self, lane: Lane, pages: int, cost: int, estimate: float) -> None:
+        """Refuse now a fast request without its own ``timeout`` that would not be done within the
+        lane's :meth:`latency_target_s` (``estimate`` s, times :meth:`upper_factor`)."""
+        target, bound = self.latency_target_s(pages, cost), estimate * self.upper_factor()
+        if bound <= target:
+            return
+        wait = max(1, math.ceil(bound - target))
+        metrics.REJECTIONS.labels(lane.name, "latency_target").inc()
+        raise Overloaded(
+            f"the {lane.name} lane would answer {pages} page(s) in about {bound:.1f} s, above its latency target of "
+            f"{target:.1f} s (router.fast.latency_target_s); retry in {wait} s, send a timeout to wait longer, or "
+            "send it to be done asynchronously (Prefer: respond-async, or POST /v1/jobs)",
+            slug="latency-target",
+            headers={"Retry-After": str(wait)},
+        )
+
     def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
-        """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
-        it, :meth:`estimate_s`) rather than accept it and time out."""
+        """Refuse now what could not finish before ``deadline``: ``estimate`` s of work ahead and in
+        it (:meth:`estimate_s`) times :meth:`upper_factor`, rather than accept it and time out."""
         left = deadline.left()
+        estimate *= self.upper_factor()
         if estimate <= left:
             return
         wait = max(1, math.ceil(estimate - left))
@@ -470,10 +511,12 @@ class Router:
 
     def _may_run(self, ticket: Ticket) -> bool:
         """A free slot, or for a page whose terms may burst (a fast request of at most
-        ``fast.urgent_pages`` pages) one of the fast lane's burst slots; nothing while the engine
+        ``fast.urgent_pages`` pages) one of the fast lane's burst slots while another lane's pages
+        are in the engine (:func:`~ocrserve.scheduling.may_dispatch`); nothing while the engine
         reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
         burst = self.cfg.fast.burst_slots if self.policy.bursts else 0
-        return may_dispatch(ticket.terms, self.in_flight, self.limit, burst, self.engine.saturated())
+        others = self.in_flight - ticket.lane.in_flight
+        return may_dispatch(ticket.terms, self.in_flight, self.limit, burst, self.engine.saturated(), others)
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
@@ -489,7 +532,7 @@ class Router:
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
-        self._running.add(ticket.task)
+        self._running[ticket.task] = ticket
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
         ticket.task.add_done_callback(lambda task: self._finished(ticket, task))
 
@@ -506,7 +549,7 @@ class Router:
 
     def _finished(self, ticket: Ticket, task: asyncio.Task) -> None:
         """The page left the engine (answered, failed or aborted): free its slot."""
-        self._running.discard(task)
+        self._running.pop(task, None)
         ticket.lane.in_flight -= 1
         ticket.lane.in_flight_cost -= ticket.cost
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time

@@ -98,12 +98,16 @@ def inspection_class(work: WorkItem) -> EngineClass:
     return class_of(work.lane or FAST)
 
 
-def may_dispatch(terms: Terms, in_flight: int, limit: int, burst_slots: int, saturated: bool) -> bool:
+def may_dispatch(
+    terms: Terms, in_flight: int, limit: int, burst_slots: int, saturated: bool, others_in_engine: int
+) -> bool:
     """Whether a queued page may go to the engine now: ``in_flight`` pages are there of ``limit``
-    (the router's slots); a page whose terms may burst may also take one of ``burst_slots``
-    beyond them, and even while the engine reports itself ``saturated`` (its own queue backed up:
-    other pages then wait in the router, where lanes order them)."""
-    burst = burst_slots if terms.bursts else 0
+    (the router's slots). A page whose terms may burst may also take one of ``burst_slots`` beyond
+    them, and even while the engine reports itself ``saturated`` (its own queue backed up: other
+    pages then wait in the router, where lanes order them), but only while other lanes hold
+    ``others_in_engine`` > 0 of the slots: the burst is for overtaking their pages, and a fast lane
+    that bursts into every slot that frees would leave none for the bulk lane's share."""
+    burst = burst_slots if terms.bursts and others_in_engine > 0 else 0
     if in_flight >= limit + burst:
         return False
     return burst > 0 or not saturated

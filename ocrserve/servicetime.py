@@ -11,11 +11,19 @@ While recent pages are all alike, nothing says how time grows with cost, and ``k
 :data:`PRIOR_EXPONENT`, halfway between "every page alike" (0) and "in proportion to cost" (1):
 a first large scan after small pages is then neither waved through nor refused outright, and
 the fit takes over once it has finished.
+
+Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each finished page's
+seconds over what the model predicted for it before it finished are kept (the last
+:data:`RATIOS_KEPT`), and estimates are multiplied by their :data:`UPPER_QUANTILE` quantile, by at
+least :data:`PRIOR_FACTOR` until :data:`ENOUGH_PAGES` pages have been seen: wide while the model
+knows little, tightening as evidence comes, and widening again when recent pages run slower than
+predicted (a busy machine, pages of a kind it has not seen).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 #: Weight of the newest page in the fit (about the last 1 / FIT_WEIGHT pages count).
 FIT_WEIGHT = 0.05
@@ -23,6 +31,16 @@ FIT_WEIGHT = 0.05
 PRIOR_EXPONENT = 0.5
 #: Below this spread of recent log-costs (their standard deviation) the pages count as alike.
 ALIKE = 0.1
+#: Ratios of actual to predicted seconds kept for :meth:`ServiceTime.upper_factor`.
+RATIOS_KEPT = 64
+#: The quantile of those ratios admission multiplies its estimates by.
+UPPER_QUANTILE = 0.9
+#: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
+#: largest few, which says little).
+ENOUGH_PAGES = 16
+#: The factor until then: the service-time model of a fresh gateway was off by up to 2x on pages
+#: unlike its calibration pages (a dense scan against the letter page).
+PRIOR_FACTOR = 2.0
 
 
 class ServiceTime:
@@ -36,9 +54,11 @@ class ServiceTime:
         self.initial_s = initial_s
         self.measured = 0
         self._sums = [0.0] * 5  # weights, x, y, x^2, x y of x = log cost, y = log seconds
+        self.ratios: deque[float] = deque(maxlen=RATIOS_KEPT)  # actual / predicted seconds, newest last
 
     def record(self, cost: float, seconds: float) -> None:
         """A page of ``cost`` (at least 1) took ``seconds`` in the engine."""
+        self.ratios.append(seconds / self.page_s(cost))
         x, y = math.log(max(cost, 1.0)), math.log(max(seconds, 1e-6))
         keep = 1 - FIT_WEIGHT if self.measured else 0.0
         for i, value in enumerate((1.0, x, y, x * x, x * y)):
@@ -69,3 +89,12 @@ class ServiceTime:
         """Seconds of engine work for ``pages`` pages costing ``cost`` in all, taking each at their
         mean cost (which, ``k`` being at most 1, can only overstate the work of unequal pages)."""
         return pages * self.page_s(cost / pages) if pages else 0.0
+
+    def upper_factor(self) -> float:
+        """What admission multiplies an estimate by (module docstring): the :data:`UPPER_QUANTILE`
+        quantile (nearest rank) of the recent actual / predicted ratios, at least 1, and at least
+        :data:`PRIOR_FACTOR` while fewer than :data:`ENOUGH_PAGES` pages were seen."""
+        ranked = sorted(self.ratios)
+        quantile = ranked[max(0, math.ceil(UPPER_QUANTILE * len(ranked)) - 1)] if ranked else 1.0
+        floor = PRIOR_FACTOR if len(ranked) < ENOUGH_PAGES else 1.0
+        return max(1.0, floor, quantile)

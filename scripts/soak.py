@@ -46,6 +46,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -297,6 +298,20 @@ async def measure_capacity(client: httpx.AsyncClient, page: bytes, seconds: floa
     return done / (time.monotonic() - counted_from)
 
 
+async def engine_pages(client: httpx.AsyncClient) -> dict[str, float]:
+    """``ocrserve_engine_pages_total`` per lane: pages the router has handed the engine so far."""
+    exposition = (await client.get("/metrics")).text
+    return {
+        lane: sum(
+            sample.value
+            for family in text_string_to_metric_families(exposition)
+            for sample in family.samples
+            if sample.name == "ocrserve_engine_pages_total" and sample.labels.get("lane") == lane
+        )
+        for lane in ("fast", "bulk")
+    }
+
+
 async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -> dict:
     """Warm up, measure capacity, run the load, drain; the figures."""
     page = args.page.read_bytes()
@@ -323,6 +338,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
         fast, bulk = Lane("fast"), Lane("bulk")
         requests, jobs = Outstanding(args.max_requests, fast), Outstanding(args.max_jobs, bulk)
         rng = random.Random(args.seed)
+        engine_before = await engine_pages(client)
         load_end = time.monotonic() + args.duration
         give_up_at = load_end + args.drain
         await asyncio.gather(
@@ -334,6 +350,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
                 lambda: jobs.start(lambda: bulk_job(client, files, pages_per_job, bulk, give_up_at)),
             ),
         )
+        engine_after = await engine_pages(client)
         console.print(f"load done; draining (at most {args.drain:g} s) ...")
         memory.phase = "drain"
         drain_started = time.monotonic()
@@ -348,6 +365,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
         "duration_s": args.duration,
         "drain_s": drain_s,
         "lanes": {lane.name: lane.figures() for lane in (fast, bulk)},
+        "engine_pages_during_load": {lane: engine_after[lane] - engine_before[lane] for lane in engine_after},
         "memory": memory.figures(),
         "memory_samples": memory.samples,
     }
@@ -384,6 +402,12 @@ def report(figures: dict, console: Console) -> None:
             f"{lane['latency_p95_s']:.2f}",
         )
     console.print(lanes)
+    engine = figures["engine_pages_during_load"]
+    total = sum(engine.values()) or 1
+    console.print(
+        "pages the engine took during the load: "
+        + ", ".join(f"{lane} {pages:.0f} ({pages / total:.0%})" for lane, pages in engine.items())
+    )
     memory = Table(title="RSS, MiB (start: after the warm-up; trend: the load's last quarter over its first)")
     for column in ("process", "start", "peak", "end", "growth", "trend under load"):
         memory.add_column(column)

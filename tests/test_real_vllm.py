@@ -57,7 +57,9 @@ def http(gateway):
 
 
 def ocr(http: httpx.Client, data: bytes, name: str) -> httpx.Response:
-    return http.post("/v1/ocr", files={"file": (name, data)})
+    """``POST /v1/ocr`` with a timeout of its own: a page of these tests may queue behind the others
+    on one core far longer than the fast lane's latency target, and is meant to wait."""
+    return http.post("/v1/ocr", files={"file": (name, data)}, data={"timeout": "300"})
 
 
 def test_vllm_started_with_the_plugin_and_a_small_kv_cache(real_vllm):
@@ -280,10 +282,19 @@ def admission_rejections(real_vllm) -> float:
     return 0.0
 
 
-def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(http, real_vllm):
-    """Another client fills vLLM to its ``--max-num-queued-reqs``: vLLM answers the gateway's page
-    503 (its ``admission_rejections_total`` counts it), and the gateway answers its client 503 with
-    ``Retry-After`` at once, not after holding the page to its deadline (504) or as a 502."""
+def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(real_vllm, tmp_path):
+    """Another client fills vLLM to its ``--max-num-queued-reqs`` between two of the gateway's polls
+    (a gateway polling once a minute: one that polls often holds the page back before it reaches
+    vLLM, the next test): vLLM answers the gateway's page 503 (its ``admission_rejections_total``
+    counts it), and the gateway answers its client 503 with ``Retry-After`` at once, not after
+    holding the page to its deadline (504) or as a 502."""
+    gateway = Gateway(
+        f"store.data_dir={tmp_path}",
+        f"engine.vllm.base_urls=[{real_vllm.url}]",
+        f"engine.vllm.slots_per_replica={GATEWAY_SLOTS}",
+        "engine.vllm.poll_interval_s=60",
+        profile="prod",
+    ).wait_ready()
     streams = _flood(real_vllm, MAX_QUEUED_REQS + 2)  # the last ones are refused themselves
     try:
 
@@ -294,12 +305,14 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(http, r
         usage = wait_for(full)
         refused_before = admission_rejections(real_vllm)
         started = time.monotonic()
-        response = http.post("/v1/ocr", files={"file": ("page.tif", (DATA / "phototest.tif").read_bytes())})
+        page = {"file": ("page.tif", (DATA / "phototest.tif").read_bytes())}
+        response = httpx.post(gateway.url + "/v1/ocr", files=page, timeout=120)
         took = time.monotonic() - started
         refused = admission_rejections(real_vllm) - refused_before
     finally:
         for stream in streams:
             stream.close()
+        gateway.stop()
     assert response.status_code == 503, response.text
     assert int(response.headers["retry-after"]) >= 1
     assert "busy" in response.json()["detail"], response.text  # vLLM's QueueOverflowError message
@@ -310,7 +323,6 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(http, r
         f"(admission_rejections_total); gateway 503 after {took:.2f} s, Retry-After {wait}"
     )
     wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 60)
-    assert ocr(http, (DATA / "phototest.tif").read_bytes(), "phototest.tif").status_code == 200
 
 
 def test_other_clients_queue_in_vllm_makes_admission_refuse_before_vllms_queue_grows(http, real_vllm):

@@ -51,7 +51,10 @@ async def make_router(engine):
 
     def make(**overrides) -> Router:
         # capacity 1 (2 slots x 0.5): dispatch order equals completion order
-        cfg = RouterConfig.model_validate({"slot_overcommit": 0.5, **overrides})
+        settings = {"slot_overcommit": 0.5, **overrides}
+        # these tests are about order; the fast lane's latency target has tests of its own
+        settings["fast"] = {"latency_target_s": 3600.0, **settings.get("fast", {})}
+        cfg = RouterConfig.model_validate(settings)
         router = Router(engine, cfg)
         router.start()
         routers.append(router)
@@ -162,7 +165,8 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert time.monotonic() - started < 0.1  # at once, not after waiting
     problem = refused.value
     assert problem.status == 503 and problem.slug == "deadline-unmeetable"
-    wait = max(1, math.ceil(estimate - estimate / 2))  # the deadline's seconds left shrink as it runs
+    # admission bounds the estimate by its upper factor; the deadline's seconds left shrink as it runs
+    wait = max(1, math.ceil(estimate * router.upper_factor() - estimate / 2))
     assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
     in_time = terms(router, BULK, 2, Deadline.after(estimate * 4))
     async with router.admit(in_time, 2, visual_tokens=600) as reservation:
@@ -428,3 +432,53 @@ async def test_calibration_teaches_the_service_time_model_how_pages_grow(make_ro
     assert router.service.measured == 2 and 0 < router.service.exponent <= 1
     small, large = (router.service.page_s(page.visual_tokens) for page in (strip, letter))
     assert small < large < small * letter.visual_tokens / strip.visual_tokens
+
+
+async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_the_client_set_a_timeout(
+    engine, make_router
+):
+    """Without its own ``timeout`` a fast request is admitted only within the lane's latency target
+    (``router.fast.latency_target_s``), by the estimate times the admission's upper factor (2 while
+    nothing was measured); a client that sends a timeout gets what it asked for."""
+    router = make_router(initial_page_s=2.0, fast={"latency_target_s": 3.0})
+    assert router.upper_factor() == 2.0 and router.estimate_s(router.lanes[FAST], 1, 300) == pytest.approx(2.0)
+    with pytest.raises(Overloaded) as refused:
+        async with router.admit(terms(router, FAST), 1, visual_tokens=300):
+            pass
+    problem = refused.value
+    assert problem.status == 503 and problem.slug == "latency-target" and problem.headers["Retry-After"] == "1"
+    assert "above its latency target of 3.0 s" in str(problem)
+    async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
+        assert reservation.left == 1
+    # by default the target is 5 x the request's time on an idle engine (the calibration pages' fit)
+    default = Router(engine, RouterConfig(initial_page_s=2.0))
+    assert default.latency_target_s(1, 300) == pytest.approx(5 * 2.0)
+
+
+async def test_a_fast_document_finishes_beside_a_steady_stream_of_single_pages(make_router):
+    """Two clients send single pages back to back (one in the engine, one in the burst slot, one
+    queued at all times) while a 2-page fast document waits one step after them in the lane: the
+    lane's aging brings its pages to the engine, where every fast page is interactive, so it is
+    answered, not held until its deadline (a strict gate held such documents to 504)."""
+    router = make_router(fast={"aging_s": 0.5})
+    stop = asyncio.Event()
+    singles: list[str] = []
+
+    async def stream(client: str) -> None:
+        index = 0
+        while not stop.is_set():
+            await run_tagged(router, FAST, client, text_page(index), singles)
+            index += 1
+
+    streams = [asyncio.create_task(stream(client)) for client in "ab"]
+    await wait_until(lambda: len(singles) >= 2)
+    document = terms(router, FAST, 2, deadline=Deadline.after(60))
+    assert document.order == 1 and not document.bursts
+    started = time.monotonic()
+    async with router.admit(document, 2) as reservation:
+        pages = await asyncio.gather(*(router.submit(text_page(i), reservation, document) for i in range(2)))
+    took = time.monotonic() - started
+    stop.set()
+    await asyncio.gather(*streams)
+    assert [p.text[:12] for p in pages] == ["This is a lo"] * 2
+    assert took < 30, took

@@ -77,16 +77,19 @@ def test_inspection_runs_as_the_named_lane_or_interactive():
     assert inspection_class(WorkItem(lane=BULK)) is EngineClass.BACKGROUND
 
 
-def test_burst_slots_only_for_pages_whose_terms_burst():
+def test_burst_slots_only_for_pages_whose_terms_burst_past_another_lanes_pages():
     single, document = resolve(WorkItem(), CFG, 1), resolve(WorkItem(), CFG, 3)
-    assert may_dispatch(single, in_flight=3, limit=4, burst_slots=1, saturated=False)
-    assert may_dispatch(single, in_flight=4, limit=4, burst_slots=1, saturated=False)  # its burst slot
-    assert not may_dispatch(single, in_flight=5, limit=4, burst_slots=1, saturated=False)
-    assert not may_dispatch(document, in_flight=4, limit=4, burst_slots=1, saturated=False)
+    busy = {"limit": 4, "burst_slots": 1, "saturated": False}
+    assert may_dispatch(single, in_flight=3, others_in_engine=0, **busy)
+    assert may_dispatch(single, in_flight=4, others_in_engine=1, **busy)  # its burst slot, past a bulk page
+    assert not may_dispatch(single, in_flight=5, others_in_engine=1, **busy)
+    assert not may_dispatch(document, in_flight=4, others_in_engine=1, **busy)
+    # the fast lane alone fills the slots: no burst, so a slot that frees goes by the lanes' weights
+    assert not may_dispatch(single, in_flight=4, others_in_engine=0, **busy)
     # an engine backed up by others holds pages back in the router, except those that burst
-    assert not may_dispatch(document, in_flight=0, limit=4, burst_slots=1, saturated=True)
-    assert may_dispatch(single, in_flight=0, limit=4, burst_slots=1, saturated=True)
-    assert not may_dispatch(single, in_flight=0, limit=4, burst_slots=0, saturated=True)
+    assert not may_dispatch(document, in_flight=0, limit=4, burst_slots=1, saturated=True, others_in_engine=1)
+    assert may_dispatch(single, in_flight=1, limit=4, burst_slots=1, saturated=True, others_in_engine=1)
+    assert not may_dispatch(single, in_flight=1, limit=4, burst_slots=0, saturated=True, others_in_engine=1)
 
 
 def test_priority_queue_orders_by_priority_then_seq_and_ages():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocrserve.servicetime import PRIOR_EXPONENT, ServiceTime
+from ocrserve.servicetime import ENOUGH_PAGES, PRIOR_EXPONENT, PRIOR_FACTOR, ServiceTime
 
 
 def test_a_power_law_page_time_is_recovered_from_pages_of_different_sizes():
@@ -37,3 +37,17 @@ def test_the_exponent_stays_within_zero_and_one():
     for cost, seconds in [(100, 1.0), (10_000, 0.5)]:  # larger pages faster: noise
         inverse.record(cost, seconds)
     assert inverse.exponent == 0.0
+
+
+def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
+    """The factor admission multiplies its estimates by: 2 until 16 pages were seen, then the 0.9
+    quantile of how far pages ran over their prediction; pages slower than predicted widen it."""
+    model = ServiceTime(initial_s=1.0)
+    assert model.upper_factor() == PRIOR_FACTOR == 2.0
+    for _ in range(ENOUGH_PAGES):
+        model.record(1000, 0.5)  # every page as predicted once the fit has one
+    assert model.ratios[0] == 0.5  # the first against the prior of 1 s
+    assert model.upper_factor() == pytest.approx(1.0)
+    for _ in range(8):  # a busy machine: pages now take three times their prediction
+        model.record(1000, 3 * model.page_s(1000))
+    assert model.upper_factor() == pytest.approx(3.0)

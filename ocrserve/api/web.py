@@ -70,6 +70,10 @@ class LaneStats(BaseModel):
         description="95th percentile of a page's seconds from its lane's queue to done, over the last window_s; "
         "null when none finished"
     )
+    predicted_s: float = Field(
+        description="seconds a one-page request of the average page's cost admitted now would take, as admission "
+        "reckons it: its estimate times upper_factor"
+    )
 
 
 class EngineStats(BaseModel):
@@ -101,6 +105,14 @@ class Stats(BaseModel):
         description="router.fast.max_pages: synchronous requests of at most this many pages take the fast lane"
     )
     lanes: dict[str, LaneStats] = Field(description="by lane: fast and bulk")
+    upper_factor: float = Field(
+        description="what admission multiplies its estimates by: a high quantile of how far pages ran over "
+        "their prediction (at least 2 until 16 pages were seen), or the pages in the engine's median over-run"
+    )
+    fast_latency_target_s: float = Field(
+        description="the fast lane's latency target for a one-page request without timeout "
+        "(router.fast.latency_target_s)"
+    )
     engine: EngineStats
     jobs: JobStats | None = Field(description="null while the job store does not answer")
 
@@ -117,6 +129,8 @@ async def stats(request: Request) -> Stats:
     state = request.app.state
     router: Router = state.router
     now = time.monotonic()
+    factor = router.upper_factor()
+    page_cost = max(1, round(router.page_cost))
     lanes = {}
     for name, lane in router.lanes.items():
         p95 = lane.latency_quantile(now, LATENCY_QUANTILE)
@@ -128,6 +142,7 @@ async def stats(request: Request) -> Stats:
             in_engine=lane.in_flight,
             pages_per_s=round(lane.drain_rate(now), 3),
             p95_s=None if p95 is None else round(p95, 3),
+            predicted_s=round(router.estimate_s(lane, 1, page_cost) * factor, 3),
         )
     engine = EngineStats(
         model=state.engine.model,
@@ -141,6 +156,8 @@ async def stats(request: Request) -> Stats:
         cost_unit=router.cfg.cost,
         fast_max_pages=router.cfg.fast.max_pages,
         lanes=lanes,
+        upper_factor=round(factor, 3),
+        fast_latency_target_s=round(router.latency_target_s(1, page_cost), 3),
         engine=engine,
         jobs=await _job_stats(state.jobs),
     )

@@ -23,7 +23,6 @@ import json
 import os
 import pickle
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,11 +33,10 @@ from ocrserve.batch.records import Entry, document_error, page_errors, resume_ke
 from ocrserve.client import file_sha256
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
-from ocrserve.engines.base import PageError
 from ocrserve.errors import Problem
 from ocrserve.formats import assemble_result
-from ocrserve.pages import Page
-from ocrserve.pipeline import Attempt, page_problem, with_timings
+from ocrserve.pages import Page, PageResult
+from ocrserve.pipeline import attempt_page
 from ocrserve.preprocess import DecodeFailure, DocumentInfo, decode_pages, inspect_document
 from ocrserve.work import EngineClass
 
@@ -144,17 +142,14 @@ class OcrWorker:
         }
 
     async def _one(self, page: Page | DecodeFailure) -> tuple[dict, bool]:
-        """One page's result entry, and whether the engine read it."""
-        if isinstance(page, DecodeFailure):
-            return Attempt.failed(page.index, page.problem).result.to_dict(), False
-        queued = time.perf_counter()
-        if (known := page.known_result()) is not None:  # a PDF's text layer or a blank page, as the gateway answers it
-            return with_timings(known, page, queued).to_dict(), False
-        try:
-            result = await self.engine.ocr_page(page, priority=EngineClass.BACKGROUND)
-        except PageError as exc:
-            return Attempt.failed(page.index, page_problem(page.index, exc)).result.to_dict(), False
-        return with_timings(result, page, queued).to_dict(), True
+        """One page's result entry (:func:`~ocrserve.pipeline.attempt_page`, as the gateway runs a
+        page), and whether the engine read it."""
+
+        async def read(page: Page) -> PageResult:
+            return await self.engine.ocr_page(page, priority=EngineClass.BACKGROUND)
+
+        attempt = await attempt_page(page, read, skipped=lambda: None)
+        return attempt.result.to_dict(), attempt.problem is None and attempt.result.source == "ocr"
 
 
 @dataclass

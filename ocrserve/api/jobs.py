@@ -27,7 +27,7 @@ from ocrserve.errors import NotFound, Problem
 from ocrserve.jobs.intake import Upload
 from ocrserve.jobs.results import job_result, job_status
 from ocrserve.jobs.runtime import Jobs
-from ocrserve.store.records import Job, JobStatus
+from ocrserve.store.job_records import Job, JobStatus
 
 #: Seconds between keep-alive comments on an idle event stream.
 SSE_PING_S = 15

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ocrserve.batch.records import Entry, document_error, page_errors, resume_key
+from ocrserve.batch.output_folder import ManifestEntry, document_error, page_errors, resume_key
 from ocrserve.client import file_sha256
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
@@ -67,7 +67,7 @@ def inspect_row(row: dict, *, config: Config, model: str, pages: str | None) -> 
         indices = info.select(pages, config.preprocess)
     except (Problem, OSError) as exc:
         problem = exc.to_dict() if isinstance(exc, Problem) else _os_problem(exc)
-        entry = Entry(document, output, "failed", errors=document_error(problem), engine=model)
+        entry = ManifestEntry(document, output, "failed", errors=document_error(problem), engine=model)
         return {**row, "key": "", "indices": [], "info": b"", "failed": entry.to_json()}
     key = resume_key(sha256, indices, model, config.preprocess)
     return {**row, "key": key, "indices": indices, "info": pickle.dumps(info), "failed": ""}
@@ -161,7 +161,7 @@ class OcrWorker:
 class _Pending:
     """A document whose pages are coming back."""
 
-    entry: Entry
+    entry: ManifestEntry
     indices: frozenset[int]
     pages: dict[int, dict] = field(default_factory=dict)
     workers: set[str] = field(default_factory=set)
@@ -178,11 +178,11 @@ class Assembler:
         self.model = model
         self._pending: dict[str, _Pending] = {}
 
-    def expect(self, entry: Entry, indices: list[int]) -> None:
+    def expect(self, entry: ManifestEntry, indices: list[int]) -> None:
         """Wait for the pages ``indices`` of ``entry.document`` (``entry`` has its output and key)."""
         self._pending[entry.document] = _Pending(entry, frozenset(indices))
 
-    def add(self, row: dict) -> tuple[Entry, dict] | None:
+    def add(self, row: dict) -> tuple[ManifestEntry, dict] | None:
         """Take one page row of the OCR stage (``document``, ``page`` JSON, ``ocr``, ``worker``).
 
         Returns:
@@ -202,7 +202,7 @@ class Assembler:
         del self._pending[row["document"]]
         return self._finish(pending)
 
-    def _finish(self, pending: _Pending) -> tuple[Entry, dict]:
+    def _finish(self, pending: _Pending) -> tuple[ManifestEntry, dict]:
         pages = [pending.pages[i] for i in sorted(pending.pages)]
         seconds = sum(p["timings"].get("preprocess_s", 0.0) + p["timings"].get("engine_s", 0.0) for p in pages)
         errors = page_errors(pages)
@@ -212,7 +212,7 @@ class Assembler:
         )
         return entry, assemble_result(pages, self.model, LANE, seconds, result_id=entry.key)
 
-    def unfinished(self, problem: dict) -> list[Entry]:
+    def unfinished(self, problem: dict) -> list[ManifestEntry]:
         """The entries of every document still missing pages, ``failed`` with ``problem`` (the run
         stopped before they were done); they are forgotten."""
         entries = [

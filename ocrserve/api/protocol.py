@@ -16,12 +16,12 @@ import logging
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ocrserve.errors import BadRequest, Problem, RequestTimeout
+from ocrserve.errors import BadRequest, ProblemError, RequestTimeout
 
 log = logging.getLogger(__name__)
 
 
-class HeadersTooLarge(Problem):
+class HeadersTooLarge(ProblemError):
     """431 (RFC 6585 section 5): the request's header fields exceed ``server.max_header_kb``."""
 
     status = 431
@@ -84,7 +84,7 @@ class GatewayProtocol(HttpToolsProtocol):
         """uvicorn's answer to a request httptools could not parse (or whose headers were too large),
         as a problem; the connection closes."""
         if self._header_bytes > self.max_header_bytes:
-            problem: Problem = self._headers_too_large()
+            problem: ProblemError = self._headers_too_large()
         else:
             problem = BadRequest("the request is not valid HTTP/1.1 (malformed request line or header)")
         self._disarm()
@@ -120,7 +120,7 @@ class GatewayProtocol(HttpToolsProtocol):
         else:
             self.cycle.keep_alive = False
 
-    def _problem_response(self, problem: Problem) -> bytes:
+    def _problem_response(self, problem: ProblemError) -> bytes:
         """``problem`` as a problem-details response with ``Connection: close``, bytes on the wire."""
         body = json.dumps(problem.to_dict()).encode()
         headers = [

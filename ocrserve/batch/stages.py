@@ -35,7 +35,7 @@ from ocrserve.client import file_sha256
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.engines.base import PageError
-from ocrserve.errors import Problem
+from ocrserve.errors import ProblemError
 from ocrserve.formats import assemble_result
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, page_problem, with_timings
@@ -65,8 +65,8 @@ def inspect_row(row: dict, *, config: Config, model: str, pages: str | None) -> 
         sha256 = file_sha256(Path(document))
         info = inspect_document(document, config.preprocess)
         indices = info.select(pages, config.preprocess)
-    except (Problem, OSError) as exc:
-        problem = exc.to_dict() if isinstance(exc, Problem) else _os_problem(exc)
+    except (ProblemError, OSError) as exc:
+        problem = exc.to_dict() if isinstance(exc, ProblemError) else _os_problem(exc)
         entry = ManifestEntry(document, output, "failed", errors=document_error(problem), engine=model)
         return {**row, "key": "", "indices": [], "info": b"", "failed": entry.to_json()}
     key = resume_key(sha256, indices, model, config.preprocess)
@@ -95,7 +95,7 @@ def decode_row(row: dict, *, config: Config) -> list[dict]:
     indices = [int(i) for i in row["indices"]]
     try:
         decoded = decode_pages(row["document"], info, indices, config.preprocess)
-    except Problem as problem:
+    except ProblemError as problem:
         decoded = [DecodeFailure(i, problem) for i in indices]
     return [{"document": row["document"], "page": pickle.dumps(page, protocol=5)} for page in decoded]
 

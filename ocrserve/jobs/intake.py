@@ -135,7 +135,7 @@ class Intake:
                 running ones above this; 0 = no quota.
 
         Raises:
-            Problem: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
+            ProblemError: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
                 409 (``IdempotencyConflict``), 429 (the quota), 503 with ``Retry-After`` (the job
                 store fails), 507 (the data folder is full); a refused job leaves no file behind.
         """

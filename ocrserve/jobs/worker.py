@@ -51,7 +51,7 @@ from pathlib import Path
 from ocrserve import backoff, metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
-from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, ProblemError
 from ocrserve.logs import set_request_id
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, PagePipeline
@@ -381,7 +381,7 @@ class Worker:
         source = self.data.upload_path(claim.job_id, claim.document)
         try:
             page = await self._decode(source, job.documents[claim.document], claim.index, work.priority)
-        except Problem as problem:
+        except ProblemError as problem:
             reservation.release(1)
             return Attempt.failed(claim.index, problem)
         return await self.pipeline.run(page, reservation, work)
@@ -391,7 +391,7 @@ class Worker:
         ``priority`` (after interactive pages waiting for a decoding process).
 
         Raises:
-            Problem: the document itself cannot be opened any more (415).
+            ProblemError: the document itself cannot be opened any more (415).
         """
         chunks = self.preprocessor.pages(source, document.info(), [index], priority)
         async with contextlib.aclosing(chunks):

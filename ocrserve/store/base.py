@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 
-from ocrserve.errors import Problem, TooManyRequests
+from ocrserve.errors import ProblemError, TooManyRequests
 from ocrserve.store.job_records import Claim, Completion, Event, Job, PageOutcome, PageRecord
 
 #: ``Retry-After`` of a submission refused by its tenant's quota, seconds: pages take about a
@@ -23,7 +23,7 @@ from ocrserve.store.job_records import Claim, Completion, Event, Job, PageOutcom
 QUOTA_RETRY_AFTER_S = 10
 
 
-class IdempotencyConflict(Problem):
+class IdempotencyConflict(ProblemError):
     """409: the ``Idempotency-Key`` was used before with a different request."""
 
     status = 409

@@ -5,7 +5,7 @@ uvicorn closes only idle keep-alive connections (``timeout_keep_alive``, between
 that connects and sends nothing, or sends its request headers a byte at a time (slowloris), holds
 its connection, and a slot of the server's file descriptors, as long as it likes; and httptools
 sets no bound on the headers' size. The request body has its own limits
-(:mod:`ocrserve.api.limits`); this closes the gap before it.
+(:mod:`ocrserve.api.body_limits`); this closes the gap before it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ that connects and sends nothing, or sends its request headers a byte at a time (
 its connection, and a slot of the server's file descriptors, as long as it likes; and httptools
 sets no bound on the headers' size. The request body has its own limits
 (:mod:`ocrserve.api.body_limits`); this closes the gap before it.
+
+uvicorn offers no public hook before the headers are complete (an ASGI app or middleware runs only
+after), so this subclasses its httptools protocol, an internal of uvicorn: ``pyproject.toml`` pins
+uvicorn to the releases tested and ``tests/test_uvicorn_private.py`` checks what this relies on.
 """
 
 from __future__ import annotations

@@ -327,7 +327,10 @@ async def supervise(vllm: VllmProcess, stop: asyncio.Event, cfg: VllmConfig) -> 
 
 class _Gateway(GatewayServer):
     """uvicorn with SIGINT/SIGTERM left to the launcher, which stops vLLM after the drain (uvicorn's
-    own handling re-raises the signal after shutdown, which would end the process first)."""
+    own handling re-raises the signal after shutdown, which would end the process first).
+
+    ``capture_signals`` is an internal of uvicorn's ``Server``: ``pyproject.toml`` pins uvicorn to the
+    releases tested and ``tests/test_uvicorn_private.py`` checks that ``serve`` still goes through it."""
 
     @contextlib.contextmanager
     def capture_signals(self):

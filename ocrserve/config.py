@@ -226,10 +226,16 @@ class OnnxEngineConfig(Section):
 
     det_workers: int = Field(1, ge=1, description="Threads running detection, one page each")
     rec_workers: int = Field(
-        1, ge=1, description="Recognition runs at once per priority class, each on a thread of its own"
+        1, ge=1, description="Recognition runs at once per engine class, each on a thread of its own"
     )
     background_threads: int = Field(
-        1, ge=0, description="onnxruntime threads per stage session of pages of priority > 0 (bulk); 0 = one per core"
+        1, ge=0, description="onnxruntime threads per stage session of background (bulk) pages; 0 = one per core"
+    )
+    aging_s: float = Field(
+        2.0,
+        ge=0,
+        description="A background (bulk) page in the engine this long runs its next stages as interactive, so "
+        "a steady stream of fast pages cannot starve it, seconds; 0 = never (strict)",
     )
     background_nice: int = Field(
         10,
@@ -406,7 +412,7 @@ class LaneConfig(Section):
     queue_pages: int = Field(ge=1, description="Most pages waiting in this lane; beyond it requests get 503/429")
     timeout_s: float = Field(0.0, ge=0, description="Default deadline of a request, seconds; 0 = none")
     weight: int = Field(1, ge=1, description="Deficit-round-robin quantum, in cost units (pages or visual tokens)")
-    priority: int = Field(0, description="Sent to vLLM's per-request priority (lower runs first)")
+    priority: int = Field(0, description="Order of the lane's requests in its queue (lower runs first)")
     aging_s: float = Field(
         0.0,
         ge=0,
@@ -439,8 +445,8 @@ class FastLaneConfig(LaneConfig):
     urgent_pages: int = Field(
         1,
         ge=1,
-        description="Fast requests of at most this many pages run at the lane's priority; larger ones wait one "
-        "step after them in the lane (shortest first, until aging_s), so a single page overtakes documents",
+        description="Fast requests of at most this many pages run at the lane's priority and may burst; larger "
+        "ones wait one step after them in the lane (shortest first, until aging_s)",
     )
 
 
@@ -492,22 +498,6 @@ class RouterConfig(Section):
     )
     fast: FastLaneConfig = Field(default_factory=FastLaneConfig)
     bulk: BulkLaneConfig = Field(default_factory=BulkLaneConfig)
-
-    @model_validator(mode="after")
-    def _urgent_only_fast(self) -> RouterConfig:
-        """The embedded engine runs priorities <= 0 as interactive work (``ocrserve.work.URGENT``):
-        the fast lane must be there and the bulk lane (every job included) above it."""
-        if not self.fast.priority <= 0 < self.bulk.priority:
-            raise ValueError(
-                f"router.fast.priority ({self.fast.priority}) must be <= 0 and router.bulk.priority "
-                f"({self.bulk.priority}) > 0: priorities <= 0 are interactive work"
-            )
-        if self.fast.priority + 1 >= self.bulk.priority:
-            raise ValueError(
-                f"router.bulk.priority ({self.bulk.priority}) must be above router.fast.priority + 1 "
-                f"({self.fast.priority + 1}), the priority of fast requests above router.fast.urgent_pages"
-            )
-        return self
 
 
 def _cpu_list(value: object) -> object:

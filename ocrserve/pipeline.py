@@ -1,7 +1,7 @@
 """The one path of a page from the preprocessor to its result, for synchronous requests and jobs alike.
 
 :class:`PagePipeline` takes a decoded page (or the preprocessor's :class:`DecodeFailure` for it),
-submits it to the router under its request's :class:`~ocrserve.work.WorkItem`, and returns an
+submits it to the router under its request's :class:`~ocrserve.scheduling.Terms`, and returns an
 :class:`Attempt`: the page's result with its timings, or the problem it failed with and whether
 retrying may help. Every page is timed the same way on both paths, every failure maps to the same
 problem, and every page is counted once in ``ocrserve_pages_total``, when its outcome is final
@@ -19,7 +19,7 @@ from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineU
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import Reservation, Router
-from ocrserve.work import WorkItem
+from ocrserve.scheduling import Terms
 
 #: Seconds a client is told to wait after a transient engine failure (a vLLM restart takes longer
 #: than a blip; the client's own backoff grows from there).
@@ -82,8 +82,8 @@ class PagePipeline:
     def __init__(self, router: Router):
         self.router = router
 
-    async def run(self, page: Page | DecodeFailure, reservation: Reservation, work: WorkItem) -> Attempt:
-        """One try of one page under ``work``; the page takes one page of ``reservation``.
+    async def run(self, page: Page | DecodeFailure, reservation: Reservation, terms: Terms) -> Attempt:
+        """One try of one page under ``terms``; the page takes one page of ``reservation``.
 
         Raises:
             asyncio.CancelledError: its request went away (the page is dropped or aborted).
@@ -99,9 +99,9 @@ class PagePipeline:
                 metrics.BLANK_PAGES.inc()
             return Attempt(with_timings(known, page, queued))
         try:
-            result = await self.router.submit(page, reservation, work)
+            result = await self.router.submit(page, reservation, terms)
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry
-            return Attempt.failed(page.index, problem, transient=work.deadline is None)
+            return Attempt.failed(page.index, problem, transient=not terms.deadline_is_clients)
         except PageError as exc:
             return Attempt.failed(page.index, page_problem(page.index, exc), transient=exc.transient)
         metrics.ENGINE_SECONDS.observe(sum(result.timings.values()))

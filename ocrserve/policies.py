@@ -17,8 +17,12 @@ scheduler queues (``vllm/v1/core/sched/request_queue.py``: ``RequestQueue`` with
   both lanes wait, the fast lane goes first and gets ``fast.weight`` cost units for every
   ``bulk.weight`` the bulk lane gets, so bulk keeps the share ``bulk.weight / (sum of weights)``.
 
+Within a lane and an order, pages go by their request's start-time fair queueing tags
+(:class:`FairTags`), which share the lane between clients.
+
 A policy only orders; the router decides whether a lane's next page may run now (free or burst
-slots, engine backpressure) and passes that as ``may_run``.
+slots, engine backpressure: :func:`ocrserve.scheduling.may_dispatch`) and passes that as
+``may_run``.
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ class Queued(Protocol):
     enqueued: float  # time.monotonic() when it was queued
 
     @property
-    def lane(self) -> Lane: ...
+    def lane(self) -> PolicyLane: ...
 
 
-class Lane(Protocol):
+class PolicyLane(Protocol):
     """What a policy needs of a lane (the router's ``Lane``)."""
 
     name: str
@@ -54,6 +58,38 @@ class Lane(Protocol):
 
 #: Whether a lane's next page may go to the engine now.
 MayRun = Callable[[Queued], bool]
+#: Clients a lane keeps fair-queueing tags for before dropping those whose tags are past.
+MAX_TAGGED_CLIENTS = 1024
+
+
+class FairTags:
+    """Start-time fair queueing over requests (Goyal, Vin and Cheng, "Start-time fair queueing",
+    SIGCOMM 1996), one per lane: a new request's ``start = max(virtual time, the client's last
+    finish)``, ``finish = start + cost`` (its pages, or their visual tokens: ``router.cost``).
+    Pages go by their request's finish tag: requests that arrive together finish one after another
+    (equal tags: admission order), a client's next request queues behind its own earlier ones, and
+    a small request from a client with nothing queued overtakes a large one, so one client's 48
+    queued pages delay another's single page by about one page.
+
+    Attributes:
+        virtual: the start tag of the request last dispatched from.
+    """
+
+    def __init__(self) -> None:
+        self.virtual = 0.0
+        self._finish: dict[str, float] = {}  # each client's last finish tag
+
+    def tag(self, client: str, cost: float) -> tuple[float, float]:
+        """A new request's ``(start, finish)`` tags for ``client`` at ``cost``."""
+        start = max(self.virtual, self._finish.get(client, 0.0))
+        self._finish[client] = finish = start + cost
+        if len(self._finish) > MAX_TAGGED_CLIENTS:  # clients whose tags are in the past need none
+            self._finish = {c: f for c, f in self._finish.items() if f > self.virtual}
+        return start, finish
+
+    def dispatched(self, start: float) -> None:
+        """A page of a request tagged ``start`` went to the engine: virtual time moves to it."""
+        self.virtual = max(self.virtual, start)
 
 
 class QueuePolicy(abc.ABC):
@@ -162,7 +198,7 @@ class LanesPolicy(QueuePolicy):
         lanes: the lanes, most urgent first: ties in a round go to the earlier one.
     """
 
-    def __init__(self, lanes: Iterable[Lane]):
+    def __init__(self, lanes: Iterable[PolicyLane]):
         self._lanes = list(lanes)
         self._queues = {lane.name: PriorityQueue(lane.aging_s) for lane in self._lanes}
         self._deficit = {lane.name: 0.0 for lane in self._lanes}
@@ -198,7 +234,7 @@ class LanesPolicy(QueuePolicy):
         return sum(len(queue) for queue in self._queues.values())
 
 
-def create_policy(mode: str, lanes: Iterable[Lane]) -> QueuePolicy:
+def create_policy(mode: str, lanes: Iterable[PolicyLane]) -> QueuePolicy:
     """The policy ``router.mode`` names: ``lanes`` or ``fifo``.
 
     Raises:

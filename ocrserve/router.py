@@ -9,16 +9,15 @@ its recent drain rate, so nothing is accepted that cannot be queued.
 The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
 or one FIFO). Within a lane and a priority, pages go by their request's start-time fair queueing
-tag (:meth:`Lane.tag`): documents sent together finish one after another, and a small request of
-one client overtakes the large queue of another. Fast requests above ``fast.urgent_pages`` pages
-run one priority step after single pages (shortest first) in the lane, until they have waited
-``fast.aging_s`` (then they go next: a steady stream of single pages cannot starve them past their
-deadline); in the engine every fast page runs at the lane's priority. The fast
+tag (:class:`~ocrserve.policies.FairTags`): documents sent together finish one after another, and a small request of
+one client overtakes the large queue of another. Each request comes with its
+:class:`~ocrserve.scheduling.Terms`, resolved once (:func:`~ocrserve.scheduling.resolve`): its lane,
+its order in the lane's queue, its engine class, whether it may burst, its deadline. The fast
 lane's interactive pages may run ``fast.burst_slots`` beyond the engine's slots, so one never waits
-for another page to leave the engine; the engine's own stage priority (each page carries its
-:class:`~ocrserve.work.Priority`) then lets it overtake the pages in flight.
+for another page to leave the engine; the engine's own stages (by engine class) then let it
+overtake the pages in flight.
 
-Each page carries its request's :class:`~ocrserve.work.WorkItem`. The router enforces its deadline
+The router enforces a request's deadline
 on every page it holds: a page still queued when it passes is dropped before the engine (504); a
 page in the engine then is cancelled there, and so is a page whose request went away (client gone,
 job cancelled): the engine aborts it (vLLM when its request's connection closes; the embedded
@@ -44,19 +43,17 @@ from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
-from ocrserve.policies import create_policy
+from ocrserve.policies import FairTags, create_policy
+from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
 from ocrserve.servicetime import ServiceTime
-from ocrserve.work import Deadline, Priority, WorkItem, is_urgent
+from ocrserve.work import Deadline, EngineClass
 
-FAST, BULK = "fast", "bulk"
 #: Seconds of completions the drain rate is measured over.
 DRAIN_WINDOW_S = 60.0
 #: Seconds between dispatch attempts while nothing wakes the dispatcher.
 RECHECK_S = 0.5
 #: Weight of the newest page in the moving average of a page's cost (:meth:`Router.request_cost`).
 SERVICE_EWMA = 0.2
-#: Clients a lane keeps fair-queueing tags for before dropping those whose tags are past.
-MAX_TAGGED_CLIENTS = 1024
 
 
 @dataclass(eq=False)
@@ -65,11 +62,9 @@ class Ticket:
 
     Attributes:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
-        priority: its order in the lane and in the engine (lower runs sooner); in the engine a fast
-            page runs at the fast lane's priority (:meth:`Router.engine_priority`).
-        deadline: when it must be done, or None.
+        terms: its request's scheduling terms.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
-            order between equal priorities (:meth:`Lane.tag`; the last breaks ties between tries
+            order between equal priorities (:class:`~ocrserve.policies.FairTags`; the last breaks ties between tries
             of one page).
         task: the engine call once dispatched.
         context: the submitter's context variables (its request id, for log lines): the engine
@@ -79,8 +74,7 @@ class Ticket:
     page: Page
     reservation: Reservation
     cost: int
-    priority: Priority
-    deadline: Deadline | None
+    terms: Terms
     seq: tuple[float, int, int, int]
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -92,6 +86,16 @@ class Ticket:
     def lane(self) -> Lane:
         """The lane the page was admitted to."""
         return self.reservation.lane
+
+    @property
+    def priority(self) -> int:
+        """Its order in the lane's queue (:attr:`Terms.order`), which the queue policy reads."""
+        return self.terms.order
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """When it must be done, or None."""
+        return self.terms.deadline
 
 
 class Lane:
@@ -111,8 +115,7 @@ class Lane:
         self.in_flight = 0
         self.in_flight_cost = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
-        self.virtual = 0.0  # start tag of the request last dispatched from (start-time fair queueing)
-        self._finish: dict[str, float] = {}  # each client's last finish tag
+        self.fair = FairTags()  # the order of its requests' pages between clients
         self._done: deque[tuple[float, float]] = deque()  # (instant, seconds) of completions within DRAIN_WINDOW_S
 
     @property
@@ -170,25 +173,6 @@ class Lane:
             return None
         seconds = sorted(s for _, s in self._done)
         return seconds[max(0, math.ceil(q * len(seconds)) - 1)]
-
-    def tag(self, client: str, cost: int) -> tuple[float, float]:
-        """A new request's ``(start, finish)`` tags, start-time fair queueing over requests (Goyal,
-        Vin and Cheng, "Start-time fair queueing", SIGCOMM 1996): ``start = max(virtual time,
-        the client's last finish)``, ``finish = start + cost`` (its pages, or their visual tokens:
-        ``router.cost``). Pages go by their request's finish tag: requests that arrive together
-        finish one after another (equal tags: admission order), a client's next request queues
-        behind its own earlier ones, and a small request from a client with nothing queued
-        overtakes a large one, so one client's 48 queued pages delay another's single page by
-        about one page."""
-        start = max(self.virtual, self._finish.get(client, 0.0))
-        self._finish[client] = finish = start + cost
-        if len(self._finish) > MAX_TAGGED_CLIENTS:  # clients whose tags are in the past need none
-            self._finish = {c: f for c, f in self._finish.items() if f > self.virtual}
-        return start, finish
-
-    def dispatched(self, start: float) -> None:
-        """A page of a request tagged ``start`` went to the engine: virtual time moves to it."""
-        self.virtual = max(self.virtual, start)
 
     @property
     def requests(self) -> int:
@@ -275,7 +259,7 @@ class Router:
         for page in pages:
             started = time.monotonic()
             await self.engine.calibration_page(
-                page, priority=Priority(self.cfg.fast.priority), max_tokens=self.cfg.calibrate_max_tokens
+                page, priority=EngineClass.INTERACTIVE, max_tokens=self.cfg.calibrate_max_tokens
             )
             self.service.record(self.page_cost_of(page), time.monotonic() - started)
 
@@ -306,83 +290,46 @@ class Router:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def lane_for(self, page_count: int, pixels: int, work: WorkItem = WorkItem()) -> str:
-        """The lane of a request: the one its work item names, else ``fast`` when small (at most
-        ``fast.max_pages`` pages and ``fast.max_pixels`` normalized pixels), else ``bulk``."""
-        if work.lane is not None:
-            return work.lane
-        small = page_count <= self.cfg.fast.max_pages and pixels <= self.cfg.fast.max_pixels
-        return FAST if small else BULK
-
-    def inspect_priority(self, work: WorkItem) -> Priority:
-        """The priority a request is inspected at, before its lane is chosen: its own, else its
-        named lane's, else the fast lane's (inspection is short, and decides the lane)."""
-        if work.priority is not None:
-            return work.priority
-        return Priority(self.lanes[work.lane or FAST].cfg.priority)
-
-    def with_lane_defaults(self, lane_name: str, work: WorkItem, pages: int = 1) -> WorkItem:
-        """``work`` for a request of ``pages`` pages in ``lane_name`` with the lane's defaults filled
-        in: a deadline ``router.<lane>.timeout_s`` from now (none when 0) and the lane's priority,
-        one step later for a fast request above ``router.fast.urgent_pages`` pages (shortest first:
-        a single page overtakes documents in the lane and in the engine)."""
-        cfg = self.lanes[lane_name].cfg
-        deadline = work.deadline
-        if deadline is None and cfg.timeout_s:
-            deadline = Deadline.after(cfg.timeout_s)
-        priority = work.priority
-        if priority is None:
-            priority = cfg.priority + (lane_name == FAST and pages > self.cfg.fast.urgent_pages)
-        return WorkItem(deadline=deadline, priority=Priority(priority), lane=lane_name, client=work.client)
-
     @contextlib.asynccontextmanager
-    async def admit(
-        self,
-        lane_name: str,
-        pages: int,
-        deadline: Deadline | None = None,
-        client: str = "",
-        visual_tokens: int | None = None,
-        priority: int | None = None,
-    ) -> AsyncIterator[Reservation]:
-        """Reserve room for ``pages`` pages in a lane for the duration of a request.
+    async def admit(self, terms: Terms, pages: int, visual_tokens: int | None = None) -> AsyncIterator[Reservation]:
+        """Reserve room for ``pages`` pages in the request's lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
-        on exit. ``client`` names whom the request is for: the lane shares the engine between
-        clients (:meth:`Lane.tag`) by the request's cost: its ``visual_tokens`` with
-        ``router.cost: visual_tokens`` (where given), else its pages. ``priority`` (None: the
-        lane's) bounds the queue the request sees: only pages that go before it count against
-        ``queue_pages`` and its estimate, so a flood of documents cannot shut a single page out.
+        on exit. The lane shares the engine between clients (``terms.client``, :class:`~ocrserve.policies.FairTags`)
+        by the request's cost: its ``visual_tokens`` with ``router.cost: visual_tokens`` (where
+        given), else its pages. Only pages that go before ``terms.order`` count against the lane's
+        ``queue_pages`` and the request's estimate, so a flood of documents cannot shut a single
+        page out. A ``terms.deadline`` that the estimate passes is refused now.
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
             Overloaded: the lane's queue cannot take ``pages`` more now (503 or 429, ``Retry-After``),
-                or the request could not finish before ``deadline`` (503, ``Retry-After`` from
+                or the request could not finish before its deadline (503, ``Retry-After`` from
                 :meth:`estimate_s`).
         """
-        lane = self.lanes[lane_name]
+        lane = self.lanes[terms.lane]
         if pages > lane.cfg.queue_pages:
             raise PayloadTooLarge(
                 f"{pages} pages exceed the {lane.name} lane's queue of router.{lane.name}.queue_pages="
                 f"{lane.cfg.queue_pages}",
                 slug="too-many-pages",
             )
-        priority = lane.cfg.priority if priority is None else priority
+        priority = terms.order
         if lane.ahead(priority) + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         estimate = self.estimate_s(lane, pages, cost, priority)
-        if deadline is not None:
-            self._check_deadline(lane, pages, deadline, estimate)
-        reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.tag(client, cost))
+        if terms.deadline is not None:
+            self._check_deadline(lane, pages, terms.deadline, estimate)
+        reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
-        lane.enter(client)
+        lane.enter(terms.client)
         try:
             yield reservation
         finally:
             reservation.release(reservation.left, reservation.cost_left)
-            lane.leave(client)
-            self._account(lane, admitted, estimate, deadline)
+            lane.leave(terms.client)
+            self._account(lane, admitted, estimate, terms.deadline)
 
     def _refuse(self, lane: Lane, pages: int, priority: int) -> None:
         now = time.monotonic()
@@ -459,25 +406,24 @@ class Router:
     def _overall_rate(self, now: float) -> float:
         return sum(lane.drain_rate(now) for lane in self.lanes.values())
 
-    async def submit(self, page: Page, reservation: Reservation, work: WorkItem = WorkItem()) -> PageResult:
+    async def submit(self, page: Page, reservation: Reservation, terms: Terms) -> PageResult:
         """Queue one admitted page and wait for its result.
 
         Args:
             page: a normalized page.
             reservation: the request's admission (from :meth:`admit`).
-            work: its request's terms; a deadline or priority of None takes the lane's
-                (``timeout_s``, ``priority``).
+            terms: its request's scheduling terms (a job's page: its job's, which may differ from
+                the ones its room in the lane was reserved with).
 
         Raises:
             DeadlinePassed: the deadline passed while the page was queued or in the engine.
             PageError: the engine failed on this page.
         """
         lane = reservation.lane
-        work = self.with_lane_defaults(lane.name, work)
-        deadline = work.deadline
+        deadline = terms.deadline
         cost = self.page_cost_of(page)
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
-        ticket = Ticket(page, reservation, cost, work.priority, deadline, seq)
+        ticket = Ticket(page, reservation, cost, terms, seq)
         self.policy.push(ticket)
         lane.queue(cost)
         self._alarm.ring()
@@ -523,20 +469,17 @@ class Router:
         ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1}: its deadline passed in the queue"))
 
     def _may_run(self, ticket: Ticket) -> bool:
-        """A free slot, or for an interactive page of the fast lane (priority <= ``URGENT``: not a
-        document above ``fast.urgent_pages``) one of its burst slots; nothing while the engine
+        """A free slot, or for a page whose terms may burst (a fast request of at most
+        ``fast.urgent_pages`` pages) one of the fast lane's burst slots; nothing while the engine
         reports its own queue backed up (so the waiting happens here, where it can be ordered)."""
-        interactive = ticket.lane.name == FAST and is_urgent(ticket.priority)
-        burst = self.cfg.fast.burst_slots if interactive and self.policy.bursts else 0
-        if self.in_flight >= self.limit + burst:
-            return False
-        return burst > 0 or not self.engine.saturated()
+        burst = self.cfg.fast.burst_slots if self.policy.bursts else 0
+        return may_dispatch(ticket.terms, self.in_flight, self.limit, burst, self.engine.saturated())
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
         ticket.reservation.release(1, ticket.cost)
         lane.queue(-ticket.cost)
-        lane.dispatched(ticket.reservation.start)
+        lane.fair.dispatched(ticket.reservation.start)
         lane.in_flight += 1
         lane.in_flight_cost += ticket.cost
         self.page_cost += SERVICE_EWMA * (ticket.cost - self.page_cost)
@@ -552,23 +495,14 @@ class Router:
 
     async def _run(self, ticket: Ticket) -> None:
         try:
-            priority = self.engine_priority(ticket.lane, ticket.priority)
-            result = await self.engine.ocr_page(ticket.page, priority=priority, deadline=ticket.deadline)
+            engine_class = ticket.terms.engine_class
+            result = await self.engine.ocr_page(ticket.page, priority=engine_class, deadline=ticket.deadline)
         except Exception as exc:  # PageError, or a bug in the engine: this page alone fails
             if not ticket.future.done():
                 ticket.future.set_exception(exc)
         else:
             if not ticket.future.done():
                 ticket.future.set_result(result)
-
-    @staticmethod
-    def engine_priority(lane: Lane, priority: Priority) -> Priority:
-        """The priority a page of ``priority`` in ``lane`` runs at in the engine: the fast lane's
-        for every fast page, so a document's step after single pages orders the queue only. The
-        embedded engine's stages wait while a more urgent page is in it, and a steady stream of
-        single pages (the burst slot keeps one in) held a 2-page document there until its
-        deadline (60 s; the corpus at concurrency 4 on 2 cores, 3 of 140 requests)."""
-        return Priority(min(priority, lane.cfg.priority)) if lane.name == FAST else priority
 
     def _finished(self, ticket: Ticket, task: asyncio.Task) -> None:
         """The page left the engine (answered, failed or aborted): free its slot."""
@@ -596,7 +530,7 @@ class Reservation:
         cost: their cost (:meth:`Router.request_cost`).
         priority: the request's priority, which the pages are reserved at (:meth:`Lane.ahead`).
         order: the request's admission number (its pages' place in the lane).
-        start, finish: its fair-queueing tags (:meth:`Lane.tag`).
+        start, finish: its fair-queueing tags (:class:`~ocrserve.policies.FairTags`).
     """
 
     def __init__(self, lane: Lane, pages: int, cost: int, priority: int, order: int, start: float, finish: float):

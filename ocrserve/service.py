@@ -30,6 +30,7 @@ from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
 from ocrserve.router import Reservation, Router
+from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
 from ocrserve.store.cache import DedupCache
 from ocrserve.work import Deadline, WorkItem
 
@@ -102,20 +103,19 @@ class OcrService:
         started = time.perf_counter()
         async with staged(document) as (source, sha256):
             # the lane is not known before inspection: a request that named none is inspected as urgent
-            info = await self.preprocessor.inspect(source, self.router.inspect_priority(work))
+            info = await self.preprocessor.inspect(source, inspection_class(work))
             indices = info.select(pages, self.config.preprocess)
             pixels = info.normalized_pixels(indices, self.config.preprocess)
-            lane = self.router.lane_for(len(indices), pixels, work)
+            lane = choose_lane(work, self.config.router, len(indices), pixels)
             key = self.cache.key(sha256, indices) if self.cache else ""
             cached = await self.cache.get(key) if key else None
             if cached is not None:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
             # the lane's default deadline runs from admission
-            work = self.router.with_lane_defaults(lane, work, len(indices))
+            terms = resolve(work, self.config.router, len(indices), pixels)
             tokens = info.visual_tokens(indices, self.config.preprocess)
-            admission = self.router.admit(lane, len(indices), work.deadline, work.client, tokens, work.priority)
-            async with admission as reservation:
-                attempts = await self._run_pages(source, info, indices, reservation, work)
+            async with self.router.admit(terms, len(indices), tokens) as reservation:
+                attempts = await self._run_pages(source, info, indices, reservation, terms)
         for attempt in attempts:
             self.pipeline.count_final(attempt)
         problems = [a.problem for a in attempts if a.problem]
@@ -130,7 +130,7 @@ class OcrService:
         return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
 
     async def _run_pages(
-        self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation, work: WorkItem
+        self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation, terms: Terms
     ) -> list[Attempt]:
         """Every selected page through the pipeline, concurrently, each as soon as it is decoded.
 
@@ -138,12 +138,12 @@ class OcrService:
         the router fails the ones it holds at the same deadline.
         """
         tasks: list[asyncio.Task] = []
-        chunks = self.preprocessor.pages(source, info, indices, work.priority)
+        chunks = self.preprocessor.pages(source, info, indices, terms.engine_class)
         try:
             try:
                 async with contextlib.aclosing(chunks):
-                    while (chunk := await self._next_chunk(chunks, work.deadline)) is not None:
-                        tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, work)) for p in chunk)
+                    while (chunk := await self._next_chunk(chunks, terms.deadline)) is not None:
+                        tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, terms)) for p in chunk)
             except DeadlinePassed as late:
                 undecoded = [Attempt.failed(index, late) for index in indices[len(tasks) :]]
                 return [*await asyncio.gather(*tasks), *undecoded]

@@ -27,11 +27,28 @@ full-speed sessions and threads.
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
 
 #: Priorities at or below this are interactive (the fast lane's default is 0).
 URGENT = 0
+
+
+class EngineClass(enum.IntEnum):
+    """How the engine runs a page (:func:`ocrserve.scheduling.resolve`): ``INTERACTIVE`` (the fast
+    lane) on full-speed sessions and threads, ahead of ``BACKGROUND`` pages (the bulk lane) at
+    every stage until those have waited the engine's aging time. An ``int`` (0, 1), so that it is
+    also the per-request ``priority`` vLLM gets and passes :func:`is_urgent` as it should."""
+
+    INTERACTIVE = URGENT
+    BACKGROUND = URGENT + 1
+
+    @classmethod
+    def of(cls, priority: int) -> EngineClass:
+        """The class of a raw ``priority`` (a client's own, as the protocol stand-in receives it):
+        interactive at or below :data:`URGENT`, else background."""
+        return cls.INTERACTIVE if is_urgent(priority) else cls.BACKGROUND
 
 
 class Priority(int):

@@ -17,7 +17,9 @@ from ocrserve.config import RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
-from ocrserve.router import BULK, Router
+from ocrserve.router import Router
+from ocrserve.scheduling import BULK, resolve
+from ocrserve.work import WorkItem
 
 
 class KneeEngine(Engine):
@@ -53,8 +55,9 @@ def page(index: int) -> Page:
 
 
 async def run_pages(router: Router, count: int) -> None:
-    async with router.admit(BULK, count) as reservation:
-        await asyncio.gather(*(router.submit(page(i), reservation) for i in range(count)))
+    terms = resolve(WorkItem(lane=BULK), router.cfg, count)
+    async with router.admit(terms, count) as reservation:
+        await asyncio.gather(*(router.submit(page(i), reservation, terms) for i in range(count)))
 
 
 @pytest.mark.asyncio

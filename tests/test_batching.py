@@ -12,7 +12,8 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig
 from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
-from ocrserve.engines.stages import PriorityGate, RecBatcher
+from ocrserve.engines.stages import ClassGate, GatePass, RecBatcher
+from ocrserve.work import EngineClass
 from tests.test_engine import load_page
 
 
@@ -43,6 +44,11 @@ async def test_cancelled_waiter_does_not_keep_the_permit():
         pass
 
 
+def background_pass() -> GatePass:
+    """A pass of a background page (no gate: the batcher's own, which nothing else enters)."""
+    return GatePass(EngineClass.BACKGROUND)
+
+
 @pytest.fixture
 async def crops():
     """Real text-line crops of tesseract's phototest page, from the engine's detector."""
@@ -64,11 +70,11 @@ async def test_urgent_crops_run_before_queued_bulk_runs(crops):
     batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=2)
     batcher.start()
     try:
-        bulk = asyncio.create_task(batcher.submit(lines * 2, priority=10))  # 16 crops: 8 runs of 2
+        bulk = asyncio.create_task(batcher.submit(lines * 2, background_pass()))  # 16 crops: 8 runs of 2
         await asyncio.sleep(0)
         while not calls:
             await asyncio.sleep(0.001)
-        urgent = await batcher.submit(lines[:1], priority=0)
+        urgent = await batcher.submit(lines[:1], GatePass(EngineClass.INTERACTIVE))
         runs_before_urgent = len(calls) - 1
         bulk_texts = await bulk
     finally:
@@ -84,7 +90,8 @@ async def test_a_crop_that_breaks_fails_only_its_page(crops):
     batcher.start()
     try:
         broken = np.zeros((0, 10, 3), np.uint8)
-        outcomes = await asyncio.gather(batcher.submit(lines), batcher.submit([broken]), return_exceptions=True)
+        submitted = (batcher.submit(lines, background_pass()), batcher.submit([broken], background_pass()))
+        outcomes = await asyncio.gather(*submitted, return_exceptions=True)
     finally:
         await batcher.close()
     assert outcomes[0][0][0].startswith("This is a lot of 12 point text")
@@ -93,18 +100,61 @@ async def test_a_crop_that_breaks_fails_only_its_page(crops):
 
 async def test_bulk_runs_pause_while_an_urgent_page_is_in_the_engine(crops):
     engine, lines = crops
-    gate = PriorityGate()
+    gate = ClassGate()  # no aging: strict
     batcher = RecBatcher(engine._recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=6, gate=gate)
     batcher.start()
     try:
-        async with gate.entered(0):  # an interactive page, still in detection
-            bulk = asyncio.create_task(batcher.submit(lines, priority=10))
-            await asyncio.sleep(0.3)
-            assert not bulk.done()  # its runs wait
-        texts = await asyncio.wait_for(bulk, 30)  # and go once the page has left
+        async with gate.entered(EngineClass.BACKGROUND) as background:
+            async with gate.entered(EngineClass.INTERACTIVE):  # an interactive page, still in detection
+                bulk = asyncio.create_task(batcher.submit(lines, background))
+                await asyncio.sleep(0.3)
+                assert not bulk.done()  # its runs wait
+            texts = await asyncio.wait_for(bulk, 30)  # and go once the page has left
     finally:
         await batcher.close()
     assert texts[0][0].startswith("This is a lot of 12 point text")
+
+
+async def test_an_aged_bulk_page_runs_beside_a_steady_interactive_page_and_shares_its_batch(crops):
+    """With aging, a background page's run does not wait for interactive pages to leave the
+    engine: once it has been in the engine ``aging_s`` it runs as interactive, in the same group
+    as an interactive page's crops (pages of different requests share recognition batches)."""
+    engine, lines = crops
+    gate = ClassGate(aging_s=0.2)
+    groups: list[int] = []
+
+    def recognize(batch, engine_class):
+        groups.append(engine_class)
+        return engine._recognize(batch, engine_class)
+
+    batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=64, gate=gate)
+    batcher.start()
+    try:
+        # the interactive page stays in the engine throughout
+        entered = gate.entered(EngineClass.INTERACTIVE), gate.entered(EngineClass.BACKGROUND)
+        async with entered[0] as interactive, entered[1] as background:
+            assert gate.runs_as(background) is EngineClass.BACKGROUND and not gate.clear_for(background)
+            await asyncio.sleep(0.25)
+            assert gate.runs_as(background) is EngineClass.INTERACTIVE and gate.clear_for(background)
+            both = await asyncio.gather(batcher.submit(lines, background), batcher.submit(lines, interactive))
+    finally:
+        await batcher.close()
+    assert groups == [EngineClass.INTERACTIVE]  # one run, for both pages
+    assert both[0] == both[1] and both[0][0][0].startswith("This is a lot of 12 point text")
+
+
+async def test_the_gate_lets_a_waiting_background_page_go_when_it_ages():
+    gate = ClassGate(aging_s=0.1)
+    async with gate.entered(EngineClass.INTERACTIVE), gate.entered(EngineClass.BACKGROUND) as background:
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(gate.turn(background), 5)  # nobody leaves: it goes by aging alone
+        waited = asyncio.get_running_loop().time() - started
+    assert 0.05 < waited < 1.0, waited
+    strict = ClassGate()
+    async with strict.entered(EngineClass.INTERACTIVE), strict.entered(EngineClass.BACKGROUND) as background:
+        assert strict.ages_in(background) is None
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(strict.turn(background), 0.2)
 
 
 async def test_workers_run_that_many_groups_at_once(crops):
@@ -118,7 +168,7 @@ async def test_workers_run_that_many_groups_at_once(crops):
     batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=len(lines), workers=2)
     batcher.start()
     try:
-        texts = await asyncio.wait_for(batcher.submit(lines * 2, priority=10), 60)  # 2 runs of the lines
+        texts = await asyncio.wait_for(batcher.submit(lines * 2, background_pass()), 60)  # 2 runs of the lines
     finally:
         await batcher.close()
     assert not both_running.broken

@@ -15,6 +15,7 @@ from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.evaluation import bag_f1
 from ocrserve.pages import Page
 from ocrserve.preprocess import decode_pages, inspect_document
+from ocrserve.work import EngineClass
 from tests.conftest import DATA, ground_truth
 
 CFG = PreprocessConfig(factor=32, max_side=2000, max_pixels=4_000_000)
@@ -91,10 +92,17 @@ async def test_bulk_pages_run_on_lower_priority_threads(engine):
 
     engine._detect, engine._batcher._recognize = detecting, recognizing
     page = load_page("phototest.tif")
-    bulk, interactive = await engine.ocr_page(page, priority=5), await engine.ocr_page(page, priority=0)
-    assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
+    background, interactive = EngineClass.BACKGROUND, EngineClass.INTERACTIVE
+    bulk = await engine.ocr_page(page, priority=background)
+    fast = await engine.ocr_page(page, priority=interactive)
+    assert bulk.text == fast.text and bulk.text.startswith("This is a lot of 12 point text")
     base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10, 19)
-    assert seen == {("det", 5, low), ("rec", 5, low), ("det", 0, base), ("rec", 0, base)}
+    assert seen == {
+        ("det", background, low),
+        ("rec", background, low),
+        ("det", interactive, base),
+        ("rec", interactive, base),
+    }
 
 
 async def test_one_set_of_sessions_where_both_would_be_alike():
@@ -105,7 +113,8 @@ async def test_one_set_of_sessions_where_both_would_be_alike():
     default = await started()
     try:
         page = load_page("phototest.tif")
-        bulk, interactive = await alike.ocr_page(page, priority=5), await alike.ocr_page(page, priority=0)
+        bulk = await alike.ocr_page(page, priority=EngineClass.BACKGROUND)
+        interactive = await alike.ocr_page(page, priority=EngineClass.INTERACTIVE)
         assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
         assert alike._stages(5).det.session.session is alike._stages(0).det.session.session
         assert default._stages(5).det.session.session is not default._stages(0).det.session.session

@@ -1,5 +1,7 @@
 """README's commands, as written: "Fresh machine: run it" starts the gateway in a copy of the
-checkout, then "Use it" runs against it, so README and the code cannot drift apart.
+checkout, then "Use it" runs against it, and so do the commands of the documentation site's pages
+that run against such a gateway (:data:`SITE_COMMANDS`), so README, the site and the code cannot
+drift apart.
 
 Only the environment differs from a new user's machine, never the commands: ``python3`` is this
 venv's base interpreter; pip installs from no index, without build isolation, finding the
@@ -27,6 +29,14 @@ from tests.venvs import clean_env, require_setuptools, share_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+#: The site's pages and headings whose first ```bash block runs against the gateway of "Fresh
+#: machine: run it", in the checkout's copy.
+SITE_COMMANDS = [
+    ("docs/getting-started.md", "Use it"),
+    ("docs/api.md", "`POST /v1/ocr`: one document, answered in the request"),
+    ("docs/api.md", "The web page's endpoints"),
+    ("docs/jobs.md", "Submit a job"),
+]
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -37,9 +47,9 @@ pytestmark = [
 ]
 
 
-def fenced(section: str) -> str:
-    """The first ```bash block under the ``## {section}`` heading of README."""
-    body = README.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+def fenced(section: str, text: str = README) -> str:
+    """The first ```bash block under the ``## {section}`` heading of ``text`` (README)."""
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```bash\n(.*?)```", body, re.S).group(1)
 
 
@@ -106,16 +116,29 @@ def fresh_machine(tmp_path_factory):
     gateway.stop()
 
 
-def test_readme_use_it_commands_work_as_written(fresh_machine):
-    repo, env, gateway = fresh_machine
-    commands = fenced("Use it").replace("127.0.0.1:8000", f"127.0.0.1:{gateway.port}")
+def run_block(commands: str, repo: Path, env: dict[str, str], gateway: ReadmeGateway) -> subprocess.CompletedProcess:
+    """``commands`` run by bash (``-e -o pipefail``) in the checkout's copy, against ``gateway``."""
+    commands = commands.replace("127.0.0.1:8000", f"127.0.0.1:{gateway.port}")
     done = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", commands], cwd=repo, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    return done
+
+
+def test_readme_use_it_commands_work_as_written(fresh_machine):
+    repo, env, gateway = fresh_machine
+    done = run_block(fenced("Use it"), repo, env, gateway)
     first, _ = json.JSONDecoder().raw_decode(done.stdout)  # the curl of examples/phototest.tif
     assert "12 point text" in first["text"] and first["model"] == "rapidocr/PP-OCRv6-small"
     assert "phototest.tif: 1 page(s)" in done.stdout and "testTIFF_multipage.tif: 2 page(s)" in done.stdout
     written = sorted(p.name for p in (repo / "results").iterdir())
     assert written == [".ocrserve-batch", "phototest.tif.md", "testTIFF_multipage.tif.md"]  # + the done records
+    assert "Traceback" not in gateway.log.read_text()
+
+
+@pytest.mark.parametrize("page, section", SITE_COMMANDS, ids=lambda item: item.replace(" ", "-"))
+def test_site_commands_work_as_written(fresh_machine, page, section):
+    repo, env, gateway = fresh_machine
+    run_block(fenced(section, (ROOT / page).read_text()), repo, env, gateway)
     assert "Traceback" not in gateway.log.read_text()

@@ -19,7 +19,8 @@ from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
 from ocrserve.preprocess.synthetic import calibration_pages
-from ocrserve.router import BULK, FAST, Router, retry_after_s
+from ocrserve.router import Router, retry_after_s
+from ocrserve.scheduling import BULK, FAST, Terms, resolve
 from ocrserve.work import Deadline, Priority, WorkItem
 from tests.samples import phototest
 
@@ -61,9 +62,18 @@ async def make_router(engine):
         await router.close()
 
 
-async def run_tagged(router: Router, lane: str, tag: str, page: Page, done: list[str], work: WorkItem = WorkItem()):
-    async with router.admit(lane, 1) as reservation:
-        await router.submit(page, reservation, work)
+def terms(
+    router: Router, lane: str, pages: int = 1, deadline: Deadline | None = None, client: str = "", order=None
+) -> Terms:
+    """A request's terms as the service resolves them, for ``lane`` (and ``order``, when given)."""
+    priority = None if order is None else Priority(order)
+    return resolve(WorkItem(deadline=deadline, priority=priority, lane=lane, client=client), router.cfg, pages)
+
+
+async def run_tagged(router: Router, lane: str, tag: str, page: Page, done: list[str], order: int | None = None):
+    request = terms(router, lane, order=order)
+    async with router.admit(request, 1) as reservation:
+        await router.submit(page, reservation, request)
     done.append(tag)
 
 
@@ -72,15 +82,6 @@ async def wait_until(predicate, timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.005)
-
-
-async def test_lane_choice(engine):
-    router = Router(engine, RouterConfig())
-    assert router.lane_for(1, 2_000_000) == FAST
-    assert router.lane_for(5, 2_000_000) == BULK  # more than fast.max_pages = 4
-    assert router.lane_for(2, 20_000_000) == BULK  # more than fast.max_pixels = 16 Mpx
-    assert router.lane_for(40, 10**9, WorkItem(lane=FAST)) == FAST  # priority=interactive
-    assert router.lane_for(1, 10, WorkItem(lane=BULK)) == BULK  # priority=bulk
 
 
 async def test_fast_overtakes_queued_bulk(make_router):
@@ -123,11 +124,12 @@ async def test_requests_sent_together_finish_one_after_another(make_router):
     blocker = asyncio.create_task(run_tagged(router, BULK, "blocker", text_page(), done))
     await wait_until(lambda: router.in_flight == 1)
     async with contextlib.AsyncExitStack() as stack:
-        reservations = [await stack.enter_async_context(router.admit(BULK, 3)) for _ in "abc"]
+        request = terms(router, BULK, 3)
+        reservations = [await stack.enter_async_context(router.admit(request, 3)) for _ in "abc"]
 
-        async def page(request: int, index: int) -> None:
-            await router.submit(blank(index), reservations[request])
-            done.append(f"{'abc'[request]}{index}")
+        async def page(number: int, index: int) -> None:
+            await router.submit(blank(index), reservations[number], request)
+            done.append(f"{'abc'[number]}{index}")
 
         pages = [asyncio.create_task(page(r, i)) for i in range(3) for r in range(3)]  # a0 b0 c0 a1 ...
         await asyncio.gather(blocker, *pages)
@@ -140,10 +142,10 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert router.service.measured == 0
     assert router.estimate_s(router.lanes[FAST], 1, 300) == pytest.approx(2.0 / router.limit)
     with pytest.raises(Overloaded, match="would be ahead of and in it"):
-        async with router.admit(FAST, 1, Deadline.after(1.0)):
+        async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
             pass
-    async with router.admit(FAST, 1, visual_tokens=300) as reservation:
-        await router.submit(text_page(), reservation)
+    async with router.admit(request := terms(router, FAST), 1, visual_tokens=300) as reservation:
+        await router.submit(text_page(), reservation, request)
     assert router.service.measured == 1
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
@@ -155,14 +157,15 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert estimate == pytest.approx(work / router.limit)
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
-        async with router.admit(BULK, 2, Deadline.after(estimate / 2), visual_tokens=600):
+        async with router.admit(terms(router, BULK, 2, Deadline.after(estimate / 2)), 2, visual_tokens=600):
             pass
     assert time.monotonic() - started < 0.1  # at once, not after waiting
     problem = refused.value
     assert problem.status == 503 and problem.slug == "deadline-unmeetable"
     wait = max(1, math.ceil(estimate - estimate / 2))  # the deadline's seconds left shrink as it runs
     assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
-    async with router.admit(BULK, 2, Deadline.after(estimate * 4), visual_tokens=600) as reservation:  # in time
+    in_time = terms(router, BULK, 2, Deadline.after(estimate * 4))
+    async with router.admit(in_time, 2, visual_tokens=600) as reservation:
         assert reservation.left == 2
     await asyncio.gather(*queued)
 
@@ -176,10 +179,11 @@ async def test_one_clients_queue_delays_another_clients_page_by_about_one_page(m
     await wait_until(lambda: router.in_flight == 1)
 
     async def client_pages(client: str, pages: int) -> None:
-        async with router.admit(BULK, pages, client=client) as reservation:
+        request = terms(router, BULK, pages, client=client)
+        async with router.admit(request, pages) as reservation:
 
             async def one(index: int) -> None:
-                await router.submit(blank(index), reservation)
+                await router.submit(blank(index), reservation, request)
                 done.append(f"{client}{index}")
 
             await asyncio.gather(*(one(i) for i in range(pages)))
@@ -202,8 +206,9 @@ async def test_fair_share_counts_visual_tokens_and_the_queue_reports_its_cost(ma
     await wait_until(lambda: router.in_flight == 1)
 
     async def one_page(client: str, tokens: int) -> None:
-        async with router.admit(BULK, 1, client=client, visual_tokens=tokens) as reservation:
-            await router.submit(dataclasses.replace(blank(), visual_tokens=tokens), reservation)
+        request = terms(router, BULK, client=client)
+        async with router.admit(request, 1, visual_tokens=tokens) as reservation:
+            await router.submit(dataclasses.replace(blank(), visual_tokens=tokens), reservation, request)
         done.append(client)
 
     large = asyncio.create_task(one_page("a", 10_000))
@@ -213,27 +218,6 @@ async def test_fair_share_counts_visual_tokens_and_the_queue_reports_its_cost(ma
     await asyncio.gather(blocker, large, small)
     assert done == ["blocker", "b", "a"]
     assert router.lanes[BULK].queued_cost == 0
-
-
-async def test_fast_documents_run_one_priority_step_after_single_pages(engine):
-    """Shortest first: a fast request above ``router.fast.urgent_pages`` pages (default 1) waits at
-    the fast lane's priority + 1 in the lane, and runs at the lane's priority in the engine; bulk
-    and explicit priorities are kept."""
-    router = Router(engine, RouterConfig())
-    fast, bulk = router.lanes[FAST], router.lanes[BULK]
-    assert router.engine_priority(fast, Priority(1)) == 0 and router.engine_priority(bulk, Priority(12)) == 12
-    assert router.with_lane_defaults(FAST, WorkItem(), 1).priority == 0
-    assert router.with_lane_defaults(FAST, WorkItem(), 4).priority == 1
-    assert router.with_lane_defaults(BULK, WorkItem(), 4).priority == 10
-    assert router.with_lane_defaults(FAST, WorkItem(priority=Priority(5)), 4).priority == 5
-    assert (
-        Router(engine, RouterConfig.model_validate({"fast": {"urgent_pages": 4}}))
-        .with_lane_defaults(FAST, WorkItem(), 4)
-        .priority
-        == 0
-    )
-    assert router.inspect_priority(WorkItem()) == 0  # no lane named yet: inspected as urgent
-    assert router.inspect_priority(WorkItem(lane=BULK)) == 10
 
 
 @pytest.mark.parametrize(("aging_s", "order"), [(0.0, ["s0", "s1", "s2", "doc"]), (0.05, ["doc", "s0", "s1", "s2"])])
@@ -246,7 +230,7 @@ async def test_aging_lets_a_fast_document_go_before_single_pages_queued_after_it
     done: list[str] = []
     blocker = asyncio.create_task(run_tagged(router, FAST, "blocker", text_page(), done))
     await wait_until(lambda: router.in_flight == 1)  # phototest: at least 0.2 s in the engine
-    document = WorkItem(priority=Priority(router.cfg.fast.priority + 1))
+    document = router.cfg.fast.priority + 1
     tasks = [asyncio.create_task(run_tagged(router, FAST, "doc", blank(), done, document))]
     await wait_until(lambda: len(router.policy) == 1)
     tasks += [asyncio.create_task(run_tagged(router, FAST, f"s{i}", blank(i), done)) for i in range(3)]
@@ -258,11 +242,11 @@ async def test_documents_filling_the_fast_lane_do_not_shut_a_single_page_out(mak
     """Only pages that go before a request count against its queue bound: fast documents
     (priority 1) fill ``queue_pages``, and a single page (priority 0) is still admitted."""
     router = make_router(fast={"queue_pages": 4})
-    async with router.admit(FAST, 4, priority=1):
+    async with router.admit(terms(router, FAST, 4, order=1), 4):
         with pytest.raises(Overloaded, match="holds 4 of 4 pages"):
-            async with router.admit(FAST, 1, priority=1):
+            async with router.admit(terms(router, FAST, order=1), 1):
                 pass
-        async with router.admit(FAST, 1, priority=0) as reservation:
+        async with router.admit(terms(router, FAST, order=0), 1) as reservation:
             assert router.lanes[FAST].reserved == 5 and router.lanes[FAST].ahead(0) == 1
             assert reservation.left == 1
 
@@ -286,18 +270,19 @@ async def test_admissions_are_accounted_against_their_estimate_and_deadline(make
         return REGISTRY.get_sample_value(name, {"lane": BULK}) or 0.0
 
     router = make_router()
-    async with router.admit(BULK, 1) as reservation:  # measure a page first
-        await router.submit(text_page(), reservation)
+    async with router.admit(request := terms(router, BULK), 1) as reservation:  # measure a page first
+        await router.submit(text_page(), reservation, request)
     estimates = sample("ocrserve_admission_estimate_error_seconds_count")
     misses = sample("ocrserve_admitted_deadline_misses_total")
-    async with router.admit(BULK, 1, Deadline.after(30), client="x") as reservation:
+    request = terms(router, BULK, deadline=Deadline.after(30), client="x")
+    async with router.admit(request, 1) as reservation:
         assert sample("ocrserve_lane_active_clients") == 1
-        await router.submit(blank(), reservation)
+        await router.submit(blank(), reservation, request)
     assert sample("ocrserve_lane_active_clients") == 0
     assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
     assert sample("ocrserve_admitted_deadline_misses_total") == misses  # done in time
     seconds = router.estimate_s(router.lanes[BULK], 1, router.request_cost(1, None))
-    async with router.admit(BULK, 1, Deadline.after(seconds * 2 + 0.05), client="x"):
+    async with router.admit(terms(router, BULK, deadline=Deadline.after(seconds * 2 + 0.05), client="x"), 1):
         await asyncio.sleep(seconds * 3 + 0.1)  # admitted, then the request itself dawdles past its deadline
     assert sample("ocrserve_admitted_deadline_misses_total") == misses + 1
 
@@ -315,12 +300,12 @@ async def test_fifo_mode_keeps_arrival_order(make_router):
 async def test_full_lane_refused_with_littles_law_retry_after(make_router):
     router = make_router(fast={"queue_pages": 3})
     for i in range(6):  # give the lane a drain history
-        async with router.admit(FAST, 1) as reservation:
-            await router.submit(blank(i), reservation)
-    async with router.admit(FAST, 3):
+        async with router.admit(request := terms(router, FAST), 1) as reservation:
+            await router.submit(blank(i), reservation, request)
+    async with router.admit(terms(router, FAST, 3, order=0), 3):
         before = metrics.REJECTIONS.labels(FAST, "queue_full")._value.get()
         with pytest.raises(Overloaded) as refused:
-            async with router.admit(FAST, 1):
+            async with router.admit(terms(router, FAST), 1):
                 pass
         lane = router.lanes[FAST]
         rate = lane.drain_rate(time.monotonic())
@@ -334,15 +319,15 @@ async def test_full_lane_refused_with_littles_law_retry_after(make_router):
 async def test_request_larger_than_the_lane_is_413_not_503(make_router):
     router = make_router(fast={"queue_pages": 3})
     with pytest.raises(PayloadTooLarge, match="router.fast.queue_pages=3"):
-        async with router.admit(FAST, 4):
+        async with router.admit(terms(router, FAST, 4), 4):
             pass
 
 
 async def test_overload_status_configurable(make_router):
     router = make_router(overload_status=429, bulk={"queue_pages": 2})
-    async with router.admit(BULK, 2):
+    async with router.admit(terms(router, BULK, 2), 2):
         with pytest.raises(Overloaded) as refused:
-            async with router.admit(BULK, 1):
+            async with router.admit(terms(router, BULK), 1):
                 pass
     assert refused.value.status == 429
 
@@ -357,12 +342,12 @@ async def test_deadline_passed_while_queued_never_reaches_engine(make_router):
     router = make_router(fast={"burst_slots": 0})
     engine_pages = metrics.ENGINE_PAGES.labels(FAST)._value.get()
     deadline_drops = metrics.REJECTIONS.labels(FAST, "deadline")._value.get()
-    async with router.admit(BULK, 1) as busy:
-        slow = asyncio.create_task(router.submit(text_page(), busy))
+    async with router.admit(bulk := terms(router, BULK), 1) as busy:
+        slow = asyncio.create_task(router.submit(text_page(), busy, bulk))
         await wait_until(lambda: router.in_flight == 1)
-        async with router.admit(FAST, 1) as reservation:
+        async with router.admit(terms(router, FAST), 1) as reservation:
             with pytest.raises(DeadlinePassed):
-                await router.submit(blank(), reservation, WorkItem(deadline=Deadline.after(0.05)))
+                await router.submit(blank(), reservation, terms(router, FAST, deadline=Deadline.after(0.05)))
         await slow
     assert metrics.ENGINE_PAGES.labels(FAST)._value.get() == engine_pages
     assert metrics.REJECTIONS.labels(FAST, "deadline")._value.get() == deadline_drops + 1
@@ -374,8 +359,8 @@ async def test_cancelled_request_drops_its_queued_pages(make_router):
     cancelled = metrics.REJECTIONS.labels(BULK, "cancelled")._value.get()
 
     async def document():
-        async with router.admit(BULK, 4) as reservation:
-            await asyncio.gather(*(router.submit(text_page(i), reservation) for i in range(4)))
+        async with router.admit(request := terms(router, BULK, 4), 4) as reservation:
+            await asyncio.gather(*(router.submit(text_page(i), reservation, request) for i in range(4)))
 
     aborted = metrics.ABORTED_PAGES.labels(BULK, "cancelled")._value.get()
     request = asyncio.create_task(document())
@@ -391,8 +376,8 @@ async def test_cancelled_request_drops_its_queued_pages(make_router):
 
 async def test_job_priority_overtakes_queued_pages(make_router):
     router = make_router()  # capacity 1: dispatch order equals completion order
-    low, high = (WorkItem(priority=Priority.of_job(p, 9, router.cfg.bulk.priority), lane=BULK) for p in (0, 9))
-    assert (low.priority, high.priority) == (19, 10)  # lower runs sooner
+    low, high = (Priority.of_job(p, 9, router.cfg.bulk.priority) for p in (0, 9))
+    assert (low, high) == (19, 10)  # lower runs sooner
     done: list[str] = []
     lows = [asyncio.create_task(run_tagged(router, BULK, f"low{i}", text_page(i), done, low)) for i in range(3)]
     await wait_until(lambda: router.in_flight == 1 and len(router.policy) == 2)
@@ -404,11 +389,12 @@ async def test_job_priority_overtakes_queued_pages(make_router):
 async def test_deadline_passed_in_the_engine_aborts_the_page(make_router):
     router = make_router()
     aborted = metrics.ABORTED_PAGES.labels(FAST, "deadline")._value.get()
-    async with router.admit(FAST, 1) as reservation:
+    async with router.admit(terms(router, FAST), 1) as reservation:
         large = Page(
             index=0, image=np.tile(np.asarray(phototest()), (3, 3, 1)), width=1920, height=1440, visual_tokens=900
         )
-        submitted = asyncio.create_task(router.submit(large, reservation, WorkItem(deadline=Deadline.after(0.1))))
+        late = terms(router, FAST, deadline=Deadline.after(0.1))
+        submitted = asyncio.create_task(router.submit(large, reservation, late))
         await wait_until(lambda: router.in_flight == 1)  # dispatched before its deadline
         with pytest.raises(DeadlinePassed, match="in the engine"):
             await submitted
@@ -419,11 +405,11 @@ async def test_deadline_passed_in_the_engine_aborts_the_page(make_router):
 async def test_failing_page_fails_alone(make_router):
     router = make_router(slot_overcommit=1.0)
     broken = Page(index=1, image=np.zeros((0, 0, 3), np.uint8), width=1, height=1, visual_tokens=0)
-    async with router.admit(FAST, 3) as reservation:
+    async with router.admit(request := terms(router, FAST, 3), 3) as reservation:
         outcomes = await asyncio.gather(
-            router.submit(text_page(0), reservation),
-            router.submit(broken, reservation),
-            router.submit(blank(2), reservation),
+            router.submit(text_page(0), reservation, request),
+            router.submit(broken, reservation, request),
+            router.submit(blank(2), reservation, request),
             return_exceptions=True,
         )
     assert outcomes[0].text.startswith("This is a lot of 12 point text")

@@ -38,7 +38,7 @@ from ocrserve.jobs.runtime import Jobs
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import DRAIN_WINDOW_S, Router
 from ocrserve.service import staged
-from ocrserve.work import Priority
+from ocrserve.work import EngineClass
 
 #: The page's files (package data).
 STATIC_DIR = Path(__file__).with_name("static")
@@ -178,7 +178,7 @@ async def preview(
     PDF). It is decoded by the background decoding processes, so it never holds up OCR."""
     state = request.app.state
     cfg = state.config
-    priority = Priority(cfg.router.bulk.priority)
+    priority = EngineClass.BACKGROUND
     document = await document_file(request, file)
     try:
         async with staged(document) as (source, _):

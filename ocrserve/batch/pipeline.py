@@ -278,7 +278,7 @@ def _ocr(
             .flat_map(decode_row, fn_kwargs={"config": config}, max_retries=options.retries)
             .map_batches(
                 OcrWorker,
-                fn_constructor_kwargs={"config": config, "priority": config.router.bulk.priority},
+                fn_constructor_kwargs={"config": config},
                 batch_size=1,
                 compute=actors,
                 num_cpus=1,

@@ -40,6 +40,7 @@ from ocrserve.formats import assemble_result
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, page_problem, with_timings
 from ocrserve.preprocess import DecodeFailure, DocumentInfo, decode_pages, inspect_document
+from ocrserve.work import EngineClass
 
 #: The ``lane`` of a batch result (DESIGN.md's result JSON: ``fast`` or ``bulk`` from the gateway).
 LANE = "batch"
@@ -106,16 +107,15 @@ class OcrWorker:
     Args:
         config: the profile; ``create_engine(config)`` builds the engine (the embedded ONNX engine,
             or the ``vllm`` engine's client of ``engine.vllm.base_urls``).
-        priority: the pages' priority in the engine (the bulk lane's: the embedded engine runs them
-            on its bulk sessions, sized by the run's ``pipeline._worker_config``).
 
+    Pages run as :attr:`~ocrserve.work.EngineClass.BACKGROUND` work (the bulk lane's class: the
+    embedded engine runs them on its bulk sessions, sized by the run's ``pipeline._worker_config``).
     The engine starts on the first batch, on the event loop Ray Data runs this class's batches
     on, so that several batches of one actor share it (their pages batched together inside it).
     """
 
-    def __init__(self, config: Config, priority: int):
+    def __init__(self, config: Config):
         self.engine = create_engine(config)
-        self.priority = priority
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._starting: asyncio.Future | None = None
 
@@ -151,7 +151,7 @@ class OcrWorker:
         if (known := page.known_result()) is not None:  # a PDF's text layer or a blank page, as the gateway answers it
             return with_timings(known, page, queued).to_dict(), False
         try:
-            result = await self.engine.ocr_page(page, priority=self.priority)
+            result = await self.engine.ocr_page(page, priority=EngineClass.BACKGROUND)
         except PageError as exc:
             return Attempt.failed(page.index, page_problem(page.index, exc)).result.to_dict(), False
         return with_timings(result, page, queued).to_dict(), True

@@ -40,16 +40,24 @@ class LocalGateway:
         profile: the profile to launch.
         env: extra environment variables.
         log: where the gateway's output goes (default: discarded; None: this process's own).
+        repo: the checkout to launch (its ``ocrserve`` package, from its root), default this one.
     """
 
-    def __init__(self, *overrides: str, profile: str = "local", env: dict | None = None, log=subprocess.DEVNULL):
+    def __init__(
+        self,
+        *overrides: str,
+        profile: str = "local",
+        env: dict | None = None,
+        log=subprocess.DEVNULL,
+        repo: Path = REPO,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "ocrserve", "launch", "--profile", profile, "--port", str(self.port)]
         for item in overrides:
             args += ["--set", item]
         self.proc = subprocess.Popen(
-            args, cwd=REPO, start_new_session=True, stdout=log, stderr=log, env={**os.environ, **(env or {})}
+            args, cwd=repo, start_new_session=True, stdout=log, stderr=log, env={**os.environ, **(env or {})}
         )
 
     def wait_ready(self, timeout: float = 180.0) -> LocalGateway:

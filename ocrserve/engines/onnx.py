@@ -31,7 +31,7 @@ from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_orig
 from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.stages import PriorityGate, RecBatcher, background_pool
+from ocrserve.engines.stages import ClassGate, GatePass, RecBatcher, background_pool
 from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
@@ -102,7 +102,7 @@ class OnnxEngine(Engine):
     ``slots`` is ``2 * det_workers``: one page in detection per worker while the previous one is
     in recognition, which keeps both stages busy without queueing pages inside the engine.
 
-    Pages of priority 0 (the fast lane) run on sessions using every core. Less urgent pages run
+    Interactive pages (the fast lane) run on sessions using every core. Background pages run
     on a second set of sessions with ``background_threads`` threads each, on threads of their own
     at ``background_nice``: with one thread an ONNX run stays on its calling thread, so the OS
     scheduler hands the cores to an interactive page the moment it arrives, even in the middle
@@ -124,7 +124,7 @@ class OnnxEngine(Engine):
         self._urgent: Stages | None = None
         self._background: Stages | None = None
         self._batcher: RecBatcher | None = None
-        self._gate = PriorityGate()
+        self._gate = ClassGate(self.cfg.aging_s)
 
     @property
     def slots(self) -> int:
@@ -231,13 +231,14 @@ class OnnxEngine(Engine):
     async def ocr_page(self, page: Page, *, priority: int = 0, deadline: Deadline | None = None) -> PageResult:
         """Detect on a worker thread, then recognize in a shared batch. See :class:`Engine`.
 
-        ``priority`` orders stages: a page's detection and its recognition runs wait while a more
-        urgent page (lower value) is in the engine (:class:`PriorityGate`). Cancelled, the page's
+        ``priority`` is the page's :class:`~ocrserve.work.EngineClass`: a background page's
+        detection and recognition runs wait while an interactive page is in the engine, until it
+        has been in the engine ``engine.onnx.aging_s`` (:class:`ClassGate`). Cancelled, the page's
         remaining stages are dropped (a detection already running on its thread finishes there);
         the router cancels it at ``deadline``.
         """
-        async with self._gate.entered(priority):
-            detection, rec_s, recognized = await self._run_stages(page, priority)
+        async with self._gate.entered(priority) as gate_pass:
+            detection, rec_s, recognized = await self._run_stages(page, gate_pass)
         sx, sy = page.scale
         lines = [
             Line(text=text, box=(box * (sx, sy)).round(1).tolist(), score=round(score, 4))
@@ -262,14 +263,15 @@ class OnnxEngine(Engine):
             skew_deg=arranged.skew_deg,
         )
 
-    async def _run_stages(self, page: Page, priority: int) -> tuple[Detection, float, list[tuple[str, float]]]:
+    async def _run_stages(self, page: Page, gate_pass: GatePass) -> tuple[Detection, float, list[tuple[str, float]]]:
         loop = asyncio.get_running_loop()
-        await self._gate.turn(priority)
-        urgent = is_urgent(priority)
+        await self._gate.turn(gate_pass)
+        engine_class = self._gate.runs_as(gate_pass)
+        urgent = is_urgent(engine_class)
         turn = self._det_turn if urgent else self._background_turn
         pool = self._det_pool if urgent else self._background_pool
-        async with turn.hold(priority):
-            running = loop.run_in_executor(pool, self._detect, page.image, priority, page.orientation)
+        async with turn.hold(engine_class):
+            running = loop.run_in_executor(pool, self._detect, page.image, engine_class, page.orientation)
             try:
                 detection = await asyncio.shield(running)
             except asyncio.CancelledError:  # the thread cannot be stopped: hold its permit until it is done
@@ -278,7 +280,7 @@ class OnnxEngine(Engine):
             except Exception as exc:
                 raise PageError(f"text detection failed: {exc}") from exc
         started = time.perf_counter()
-        recognized = await self._batcher.submit(detection.crops, priority) if detection.crops else []
+        recognized = await self._batcher.submit(detection.crops, gate_pass) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
 
 

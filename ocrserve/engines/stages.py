@@ -1,16 +1,21 @@
 """The embedded engine's stage scheduler: stage priority and dynamic batching inside the engine.
 
 The router decides which pages enter the engine; these pieces decide, inside it, which page's
-stage runs next, so that an interactive page that enters beside bulk pages overtakes them at every
-step (lower ``priority`` value = more urgent, as in vLLM; :mod:`ocrserve.work`):
+stage runs next, by the page's :class:`~ocrserve.work.EngineClass` (the scheduling terms resolve
+it once, :mod:`ocrserve.scheduling`), so that an interactive page that enters beside bulk pages
+overtakes them at every step, and a background page that has been in the engine for
+``engine.onnx.aging_s`` runs as interactive from its next step on (*aging*: no class starves, and
+the bulk lane gets the engine share its weight promises):
 
-- :class:`PriorityGate`: a page's next stage waits while a more urgent page is in the engine.
-- :class:`~ocrserve.alarm.PrioritySemaphore` (used by the engine): the detection workers go to the
-  most urgent waiting page first.
-- :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups, sorted
-  by aspect ratio, and recognized ``rec_batch_num`` at a time; the most urgent queued run goes
-  next, less urgent runs pause while a more urgent page is anywhere in the engine, and an urgent
-  run does not wait for a bulk run in progress: that one is on a thread of its own at low OS
+- :class:`ClassGate`: a background page's next stage waits while an interactive page is in the
+  engine, until it has aged.
+- :class:`~ocrserve.alarm.PrioritySemaphore` (used by the engine): the detection workers go to
+  interactive waiting pages first.
+- :class:`RecBatcher`: recognition crops from concurrent pages are gathered into groups of one
+  class (pages of different requests and jobs share them), sorted by aspect ratio, and recognized
+  ``rec_batch_num`` at a time; interactive runs go first, background runs pause while an
+  interactive page is anywhere in the engine until one of their pages has aged, and an interactive
+  run does not wait for a background run in progress: that one is on a thread of its own at low OS
   priority (:func:`background_pool`), which yields the cores to it. Runs of pages whose call was
   cancelled (deadline passed, client gone) are dropped before they start.
 
@@ -22,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import logging
 import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -38,7 +42,7 @@ import numpy as np
 from ocrserve import metrics
 from ocrserve.alarm import Alarm
 from ocrserve.engines.base import PageError
-from ocrserve.work import is_urgent
+from ocrserve.work import EngineClass
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +71,33 @@ def background_pool(workers: int, nice: int, name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=lower_thread_priority, initargs=(nice,))
 
 
-class PriorityGate:
-    """Stage-level priority: pages register with their priority while in the engine; before
-    each stage a page waits until no more urgent page is in the engine. A stage already running
-    is never interrupted."""
+@dataclass(eq=False)
+class GatePass:
+    """A page's place in the engine's :class:`ClassGate`.
 
-    def __init__(self) -> None:
-        self._active: Counter[int] = Counter()
-        self._changed = asyncio.Condition()
+    Attributes:
+        engine_class: the class its terms gave it.
+        entered: ``time.monotonic()`` when it entered the engine.
+    """
+
+    engine_class: EngineClass
+    entered: float = field(default_factory=time.monotonic)
+
+
+class ClassGate:
+    """Stage-level priority by engine class, with aging: pages register with their class while in
+    the engine; before each stage a background page waits while an interactive page is in the
+    engine, until it has been in the engine ``aging_s`` seconds (0: never ages). A stage already
+    running is never interrupted.
+
+    Args:
+        aging_s: seconds after which a background page runs as interactive (``engine.onnx.aging_s``).
+    """
+
+    def __init__(self, aging_s: float = 0.0) -> None:
+        self.aging_s = aging_s
+        self._interactive = 0
+        self._waiters: set[asyncio.Future] = set()
         self._listeners: list[Callable[[], None]] = []
 
     def subscribe(self, listener: Callable[[], None]) -> None:
@@ -82,44 +105,69 @@ class PriorityGate:
         self._listeners.append(listener)
 
     @contextlib.asynccontextmanager
-    async def entered(self, priority: int):
-        """Register a page of ``priority`` for the duration of the block."""
-        self._active[priority] += 1
+    async def entered(self, engine_class: int) -> AsyncIterator[GatePass]:
+        """Register a page of ``engine_class`` (a raw priority: :meth:`EngineClass.of`) for the
+        duration of the block; yields its pass."""
+        gate_pass = GatePass(EngineClass.of(engine_class))
+        interactive = gate_pass.engine_class is EngineClass.INTERACTIVE
+        self._interactive += interactive
         try:
-            yield
+            yield gate_pass
         finally:
-            self._active[priority] -= 1
-            if not self._active[priority]:
-                del self._active[priority]
+            self._interactive -= interactive
             for listener in self._listeners:
                 listener()
-            async with self._changed:
-                self._changed.notify_all()
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
-    def clear_for(self, priority: int) -> bool:
-        """True when no page more urgent than ``priority`` is in the engine."""
-        return min(self._active, default=priority) >= priority
+    def runs_as(self, gate_pass: GatePass, now: float | None = None) -> EngineClass:
+        """The class the page's next stage runs as: its own, or interactive once it has aged."""
+        if gate_pass.engine_class is EngineClass.INTERACTIVE or self.ages_in(gate_pass, now) == 0.0:
+            return EngineClass.INTERACTIVE
+        return EngineClass.BACKGROUND
 
-    async def turn(self, priority: int) -> None:
-        """Wait until no page more urgent than ``priority`` is in the engine."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.clear_for(priority))
+    def ages_in(self, gate_pass: GatePass, now: float | None = None) -> float | None:
+        """Seconds until a background page ages (0 once it has), None when it never will."""
+        if not self.aging_s:
+            return None
+        return max(0.0, gate_pass.entered + self.aging_s - (time.monotonic() if now is None else now))
+
+    def admits(self, engine_class: EngineClass) -> bool:
+        """True when a stage running as ``engine_class`` may start: it is interactive, or no
+        interactive page is in the engine."""
+        return engine_class is EngineClass.INTERACTIVE or not self._interactive
+
+    def clear_for(self, gate_pass: GatePass, now: float | None = None) -> bool:
+        """True when the page's next stage may run (:meth:`admits` the class it runs as)."""
+        return self.admits(self.runs_as(gate_pass, now))
+
+    async def turn(self, gate_pass: GatePass) -> None:
+        """Wait until :meth:`clear_for` the page (an interactive page left, or the page aged)."""
+        while not self.clear_for(gate_pass):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            try:
+                await asyncio.wait({waiter}, timeout=self.ages_in(gate_pass))
+            finally:
+                self._waiters.discard(waiter)
 
 
 @dataclass(eq=False)
 class _Item:
     """One page's crops waiting for recognition."""
 
-    priority: int
+    gate_pass: GatePass
     crops: list[np.ndarray]
     future: asyncio.Future
+    seq: int
 
 
 @dataclass(eq=False)
 class _Group:
-    """Crops gathered from several pages, recognized as a set of ONNX runs."""
+    """Crops gathered from several pages of one class, recognized as a set of ONNX runs."""
 
-    priority: int
+    engine_class: EngineClass
     items: list[_Item]
     crops: list[np.ndarray] = field(init=False)
     results: list = field(init=False)
@@ -162,25 +210,37 @@ class _Group:
                 item.future.set_result(mine)
 
 
+@dataclass(eq=False)
+class _Run:
+    """Crops of a group recognized in one ONNX run."""
+
+    group: _Group
+    indices: list[int]
+    seq: int
+
+
 class RecBatcher:
-    """Dynamic batching of recognition crops across pages, most urgent first.
+    """Dynamic batching of recognition crops across pages, interactive first.
 
     Args:
-        recognize: blocking function, crops (BGR arrays) -> one ``(text, score)`` each.
+        recognize: blocking function, (crops (BGR arrays), engine class) -> one ``(text, score)``
+            each; the class picks the sessions.
         max_batch_size: crops gathered into one group before it is formed without waiting.
-        max_wait_ms: how long the first crops of a group wait for more of the same priority.
+        max_wait_ms: how long the first crops of a group wait for more of the same class.
         rec_batch_num: crops per ONNX run.
-        gate: the engine's :class:`PriorityGate`; a run waits while a more urgent page is in the
-            engine (even one still in detection), so that page has the cores to itself.
-        background_nice: nice value of the threads that run groups of priority > 0.
-        workers: ONNX runs at once per priority class (urgent, background), each on a thread of
-            its own (``engine.onnx.rec_workers``; ``ocrserve batch``'s actors run 2 on
+        gate: the engine's :class:`ClassGate`; a background run waits while an interactive page is
+            in the engine (even one still in detection), so that page has the cores to itself,
+            until one of the run's pages has aged.
+        background_nice: nice value of the threads that run background groups.
+        workers: ONNX runs at once per class (interactive, background), each on a thread of its
+            own (``engine.onnx.rec_workers``; ``ocrserve batch``'s actors run 2 on
             single-threaded sessions, where one run at a time uses one core only).
 
-    :meth:`submit` is called from the event loop; ``recognize(crops, priority)`` runs up to
-    ``workers`` ONNX runs at once, on dedicated threads (groups of priority > 0 on threads of
+    :meth:`submit` is called from the event loop; ``recognize(crops, engine_class)`` runs up to
+    ``workers`` ONNX runs at once per class, on dedicated threads (background runs on threads of
     their own, at ``background_nice``). Crops that arrive while a group runs form the next group
-    (continuous batching).
+    (continuous batching). A page's class is the one it runs as when its crops are grouped or its
+    run starts (:meth:`ClassGate.runs_as`): an aged background page joins interactive groups.
     """
 
     def __init__(
@@ -189,24 +249,24 @@ class RecBatcher:
         max_batch_size: int,
         max_wait_ms: float,
         rec_batch_num: int,
-        gate: PriorityGate | None = None,
+        gate: ClassGate | None = None,
         background_nice: int = 0,
         workers: int = 1,
     ):
         self._recognize = recognize
-        self._gate = gate or PriorityGate()
+        self._gate = gate or ClassGate()
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.rec_batch_num = rec_batch_num
-        self._waiting: list[tuple[int, int, _Item]] = []  # heap of items not yet in a group
-        self._runs: list[tuple[int, int, _Group, list[int]]] = []  # heap of ONNX runs to do
+        self._waiting: list[_Item] = []  # items not yet in a group, in arrival order
+        self._runs: list[_Run] = []  # ONNX runs to do, in the order they were formed
         self._seq = itertools.count()
         self._arrived = Alarm()  # rung by a new item, a finished run or a page leaving the engine
         self._gate.subscribe(self._arrived.ring)
         self.workers = workers
         self._thread = ThreadPoolExecutor(workers, thread_name_prefix="ocrserve-rec")
         self._background = background_pool(workers, background_nice, "ocrserve-bg-rec")
-        self._busy: Counter[bool] = Counter()  # runs in progress per class: True = urgent
+        self._busy: Counter[EngineClass] = Counter()  # runs in progress per class
         self._inflight: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # crops per group, recent groups
@@ -215,40 +275,59 @@ class RecBatcher:
         """Start the batching loop on the running event loop."""
         self._task = asyncio.create_task(self._loop(), name="ocrserve-rec-batcher")
 
-    async def submit(self, crops: list[np.ndarray], priority: int = 0) -> list[tuple[str, float]]:
-        """Recognize ``crops`` (grouped with other pages' crops); one ``(text, score)`` each.
+    async def submit(self, crops: list[np.ndarray], gate_pass: GatePass) -> list[tuple[str, float]]:
+        """Recognize ``crops`` of the page holding ``gate_pass`` (grouped with other pages' crops);
+        one ``(text, score)`` each.
 
         Raises:
             PageError: recognition failed on one of these crops.
         """
-        item = _Item(priority, crops, asyncio.get_running_loop().create_future())
-        heapq.heappush(self._waiting, (priority, next(self._seq), item))
+        item = _Item(gate_pass, crops, asyncio.get_running_loop().create_future(), next(self._seq))
+        self._waiting.append(item)
         self._arrived.ring()
         return await item.future
 
     async def _loop(self) -> None:
         while True:
-            if self._waiting and (not self._runs or self._waiting[0][0] < self._runs[0][0]):
-                await self._form_group(wait=not self._runs)
-            elif self._runs and self._may_start(self._runs[0][0]):
-                self._start_next()
-            else:  # nothing to do, its thread is busy, or it yields to a more urgent page in the engine
-                await self._arrived.sleep(None)
+            now = time.monotonic()
+            waiting = min((self._gate.runs_as(item.gate_pass, now) for item in self._waiting), default=None)
+            run = min(self._runs, key=lambda r: (self._class_of(r, now), r.seq), default=None)
+            if waiting is not None and (run is None or waiting < self._class_of(run, now)):
+                await self._form_group(waiting, wait=not self._runs)
+            elif run is not None and self._may_start(self._class_of(run, now)):
+                self._start(run, self._class_of(run, now))
+            else:  # nothing to do, its thread is busy, or it yields to an interactive page in the engine
+                await self._arrived.sleep(self._next_aging(now))
 
-    def _may_start(self, priority: int) -> bool:
-        """Whether the next run, of ``priority``, may start now: one of its threads (urgent or
-        background) is free and no more urgent page is in the engine."""
-        return self._busy[is_urgent(priority)] < self.workers and self._gate.clear_for(priority)
+    def _class_of(self, run: _Run, now: float) -> EngineClass:
+        """The class ``run`` starts as: its group's, or interactive once one of its pages has aged."""
+        passes = (item.gate_pass for item in run.group.items)
+        return min((self._gate.runs_as(p, now) for p in passes), default=run.group.engine_class)
 
-    async def _form_group(self, wait: bool) -> None:
-        """Gather the most urgent waiting items into a group and queue its runs. With ``wait``
-        (nothing else to do), give the group up to ``max_wait_ms`` to fill."""
-        priority = self._waiting[0][0]
+    def _next_aging(self, now: float) -> float | None:
+        """Seconds until the next background page waiting here ages (None: none will)."""
+        passes = [item.gate_pass for item in self._waiting]
+        passes += [item.gate_pass for run in self._runs for item in run.group.items]
+        times = [t for p in passes if (t := self._gate.ages_in(p, now))]
+        return min(times, default=None)
+
+    def _may_start(self, engine_class: EngineClass) -> bool:
+        """Whether a run of ``engine_class`` may start now: one of its class's threads is free and
+        the gate admits it."""
+        return self._busy[engine_class] < self.workers and self._gate.admits(engine_class)
+
+    async def _form_group(self, engine_class: EngineClass, wait: bool) -> None:
+        """Gather the waiting items that run as ``engine_class`` into a group and queue its runs.
+        With ``wait`` (nothing else to do), give the group up to ``max_wait_ms`` to fill."""
         deadline = time.monotonic() + (self.max_wait_s if wait else 0.0)
         items: list[_Item] = []
         while True:
-            while self._waiting and self._waiting[0][0] == priority and self._crops(items) < self.max_batch_size:
-                items.append(heapq.heappop(self._waiting)[2])
+            for item in list(self._waiting):
+                if self._crops(items) >= self.max_batch_size:
+                    break
+                if self._gate.runs_as(item.gate_pass) is engine_class:
+                    self._waiting.remove(item)
+                    items.append(item)
             remaining = deadline - time.monotonic()
             if self._crops(items) >= self.max_batch_size or remaining <= 0:
                 break
@@ -256,50 +335,49 @@ class RecBatcher:
         items = [item for item in items if not item.future.done()]
         if not items:
             return
-        group = _Group(priority, items)
+        group = _Group(engine_class, items)
         self.batch_sizes.append(len(group.crops))
         metrics.BATCH_SIZE.observe(len(group.crops))
-        for indices in group.runs(self.rec_batch_num):
-            heapq.heappush(self._runs, (priority, next(self._seq), group, indices))
+        self._runs.extend(_Run(group, indices, next(self._seq)) for indices in group.runs(self.rec_batch_num))
 
     @staticmethod
     def _crops(items: list[_Item]) -> int:
         return sum(len(item.crops) for item in items)
 
-    def _start_next(self) -> None:
-        """Start the next run on a thread of its class. An urgent run may start while background
-        runs are in progress: the background threads' low priority then gives it the cores."""
-        _, _, group, indices = heapq.heappop(self._runs)
-        if group.abandoned:
+    def _start(self, run: _Run, engine_class: EngineClass) -> None:
+        """Start ``run`` as ``engine_class`` on a thread of that class. An interactive run may start
+        while background runs are in progress: the background threads' low priority then gives it
+        the cores."""
+        self._runs.remove(run)
+        if run.group.abandoned:
             return
-        urgent = is_urgent(group.priority)
-        self._busy[urgent] += 1
-        task = asyncio.create_task(self._run_group(group, indices))
+        self._busy[engine_class] += 1
+        task = asyncio.create_task(self._run_group(run.group, run.indices, engine_class))
         self._inflight.add(task)
 
         def finished(done: asyncio.Task) -> None:
             self._inflight.discard(done)
-            self._busy[urgent] -= 1
+            self._busy[engine_class] -= 1
             self._arrived.ring()
 
         task.add_done_callback(finished)
 
-    async def _run_group(self, group: _Group, indices: list[int]) -> None:
+    async def _run_group(self, group: _Group, indices: list[int], engine_class: EngineClass) -> None:
         crops = [group.crops[i] for i in indices]
         try:
-            outcomes = await self._run(crops, group.priority)
+            outcomes = await self._run(crops, engine_class)
         except Exception:  # one crop broke the run: recognize each alone, so only its page fails
             log.exception("recognition of %d crops failed; retrying them one by one", len(crops))
-            outcomes = [await self._alone(crop, group.priority) for crop in crops]
+            outcomes = [await self._alone(crop, engine_class) for crop in crops]
         group.fill(indices, outcomes)
 
-    async def _run(self, crops: list[np.ndarray], priority: int) -> list[tuple[str, float]]:
-        thread = self._thread if is_urgent(priority) else self._background
-        return await asyncio.get_running_loop().run_in_executor(thread, self._recognize, crops, priority)
+    async def _run(self, crops: list[np.ndarray], engine_class: EngineClass) -> list[tuple[str, float]]:
+        thread = self._thread if engine_class is EngineClass.INTERACTIVE else self._background
+        return await asyncio.get_running_loop().run_in_executor(thread, self._recognize, crops, engine_class)
 
-    async def _alone(self, crop: np.ndarray, priority: int):
+    async def _alone(self, crop: np.ndarray, engine_class: EngineClass):
         try:
-            (outcome,) = await self._run([crop], priority)
+            (outcome,) = await self._run([crop], engine_class)
             return outcome
         except Exception as exc:
             return exc

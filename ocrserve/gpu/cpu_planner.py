@@ -142,6 +142,53 @@ def cpu_kv_tokens(kv_bytes: int, kv_per_token: int, max_model_len: int, block_si
     return int(blocks / -(-max_model_len // block_size) * max_model_len)
 
 
+def _check_kv_settings(kv_cache_fraction: float, kv_cache_max_gib: float) -> None:
+    """Refuse a KV-cache fraction outside (0, 1] and a cap that is not a positive number of GiB.
+
+    Raises:
+        PlanError: either is out of range.
+    """
+    if not 0 < kv_cache_fraction <= 1:
+        raise PlanError(f"vllm.cpu_kv_cache_fraction must be in (0, 1], got {kv_cache_fraction}")
+    if not (math.isfinite(kv_cache_max_gib) and kv_cache_max_gib > 0):
+        raise PlanError(f"vllm.cpu_kv_cache_max_gib must be a positive number of GiB, got {kv_cache_max_gib}")
+
+
+def _kv_cache_bytes(
+    given: object,
+    host: HostSpec,
+    free: int,
+    need: int,
+    block: int,
+    kv_cache_fraction: float,
+    kv_cache_max_gib: float,
+    non_kv: int,
+    need_why: str,
+) -> tuple[int, str]:
+    """``--kv-cache-memory-bytes`` and its derivation: ``given`` (``vllm.kv_cache_memory_bytes``), else
+    the smallest of ``kv_cache_fraction`` of the ``free`` memory, the cap and what the batch
+    ``need``s (``need_why``), in whole blocks.
+
+    Raises:
+        PlanError: the given bytes are above the host's available memory.
+    """
+    if given not in (None, "auto"):
+        kv_bytes = int(given)
+        if kv_bytes > host.available_bytes:
+            raise PlanError(
+                f"vllm.kv_cache_memory_bytes={kv_bytes:,} is above the {gib(host.available_bytes)} available on this "
+                "host; vLLM's CPU worker would refuse it"
+            )
+        return kv_bytes, "vllm.kv_cache_memory_bytes (given)"
+    share = int(free * kv_cache_fraction)
+    kv_bytes = min(share, int(kv_cache_max_gib * GIB), need) // block * block
+    return kv_bytes, (
+        f"min({kv_cache_fraction:g} x ({gib(host.available_bytes)} available - {gib(non_kv)} non-KV) = "
+        f"{gib(share)}, cap {kv_cache_max_gib:g} GiB, {need_why} = {gib(need)}), "
+        f"whole {CPU_BLOCK_SIZE}-token blocks of {block:,} B"
+    )
+
+
 def plan_cpu_serving(
     model: ModelSpec,
     host: HostSpec,
@@ -177,10 +224,7 @@ def plan_cpu_serving(
             setting is impossible.
     """
     overrides = dict(overrides or {})
-    if not 0 < kv_cache_fraction <= 1:
-        raise PlanError(f"vllm.cpu_kv_cache_fraction must be in (0, 1], got {kv_cache_fraction}")
-    if not (math.isfinite(kv_cache_max_gib) and kv_cache_max_gib > 0):
-        raise PlanError(f"vllm.cpu_kv_cache_max_gib must be a positive number of GiB, got {kv_cache_max_gib}")
+    _check_kv_settings(kv_cache_fraction, kv_cache_max_gib)
     warnings: list[str] = []
     engine = engine_for(vllm_version, overrides)
     check_head_size(model, engine.kv_cache_dtype)  # first: no other setting makes such a model run
@@ -210,31 +254,25 @@ def plan_cpu_serving(
     by_threads = threads.count * SEQS_PER_THREAD
     target = max_num_seqs or by_threads
     need = (target * page_blocks + 1) * block  # + vLLM's null block
-    cap = int(kv_cache_max_gib * GIB)
     given = overrides.get("kv_cache_memory_bytes")
-    if given not in (None, "auto"):
-        kv_bytes = int(given)
-        if kv_bytes > host.available_bytes:
-            raise PlanError(
-                f"vllm.kv_cache_memory_bytes={kv_bytes:,} is above the {gib(host.available_bytes)} available on this "
-                "host; vLLM's CPU worker would refuse it"
-            )
-        kv_why = "vllm.kv_cache_memory_bytes (given)"
-    else:
-        if free <= block * (page_blocks + 1):
-            raise PlanError(
-                f"{model.id} does not fit on this host: {gib(host.available_bytes)} available, "
-                f"{gib(non_kv)} needed besides the KV cache (weights {gib(mem.weights)}, activations {gib(peak)}, "
-                f"runtime {gib(RUNTIME_RESERVE)}) and one page of {page:,} tokens needs "
-                f"{gib((page_blocks + 1) * block)} of KV cache; free memory, or lower max_tokens / max_pixels"
-            )
-        share = int(free * kv_cache_fraction)
-        kv_bytes = min(share, cap, need) // block * block
-        kv_why = (
-            f"min({kv_cache_fraction:g} x ({gib(host.available_bytes)} available - {gib(non_kv)} non-KV) = "
-            f"{gib(share)}, cap {kv_cache_max_gib:g} GiB, {target} pages x {page_blocks} blocks + 1 = {gib(need)}), "
-            f"whole {CPU_BLOCK_SIZE}-token blocks of {block:,} B"
+    if given in (None, "auto") and free <= block * (page_blocks + 1):
+        raise PlanError(
+            f"{model.id} does not fit on this host: {gib(host.available_bytes)} available, "
+            f"{gib(non_kv)} needed besides the KV cache (weights {gib(mem.weights)}, activations {gib(peak)}, "
+            f"runtime {gib(RUNTIME_RESERVE)}) and one page of {page:,} tokens needs "
+            f"{gib((page_blocks + 1) * block)} of KV cache; free memory, or lower max_tokens / max_pixels"
         )
+    kv_bytes, kv_why = _kv_cache_bytes(
+        given,
+        host,
+        free,
+        need,
+        block,
+        kv_cache_fraction,
+        kv_cache_max_gib,
+        non_kv,
+        f"{target} pages x {page_blocks} blocks + 1",
+    )
     blocks = kv_bytes // block
     fit = max(0, (blocks - 1) // page_blocks)
     if fit < 1:

@@ -478,6 +478,50 @@ def _layouts(
     return choice, steps
 
 
+def _check_gpu_arguments(gpu_memory_utilization: float, gpus: int, overrides: Mapping[str, object]) -> None:
+    """Refuse arguments no GPU plan takes.
+
+    Raises:
+        PlanError: a utilization outside (0, 1], fewer than one GPU, or a CPU-only KV-cache size.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise PlanError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if gpus < 1:
+        raise PlanError(f"--gpus must be >= 1, got {gpus}")
+    if overrides.get("kv_cache_memory_bytes") not in (None, "auto"):
+        raise PlanError(
+            "vllm.kv_cache_memory_bytes is planned for vLLM's CPU backend (vllm.device=cpu); on a GPU the planner "
+            "sizes the KV cache from gpu_memory_utilization"
+        )
+
+
+def _does_not_fit(
+    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: VllmEngineArgs, mem: Memory
+) -> PlanError:
+    """The error for a model of which not one page fits: why, and what would fit."""
+    if mem.weights >= mem.usable:
+        why = f"its weights alone take {gib(mem.weights)} of the {gib(mem.usable)} vLLM may use"
+    else:
+        left = max(0, mem.usable - mem.non_kv(1))
+        why = (
+            f"one page needs {gib(budget.page_tokens * mem.kv_per_token)} of KV cache but only {gib(left)} is left "
+            f"after {gib(mem.non_kv(1))} of weights, profile peak and reserves"
+        )
+    return PlanError(
+        f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): {why}. "
+        f"What would fit: {_suggest(model, gpu, util, budget, engine, 1)}"
+    )
+
+
+def _speculative_config(spec: Mapping[str, object]) -> dict[str, object]:
+    """vLLM's ``--speculative-config`` from a registry entry's ``speculative`` mapping."""
+    return {
+        "method": spec["method"],
+        **({"model": spec["model"]} if spec.get("model") else {}),
+        "num_speculative_tokens": spec["num_speculative_tokens"],
+    }
+
+
 def plan_serving(
     model: ModelSpec,
     gpu: GpuSpec,
@@ -538,15 +582,7 @@ def plan_serving(
             impossible, the settings contradict the model, or the release is not one the planner
             follows.
     """
-    if not 0 < gpu_memory_utilization <= 1:
-        raise PlanError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if gpus < 1:
-        raise PlanError(f"--gpus must be >= 1, got {gpus}")
-    if (overrides or {}).get("kv_cache_memory_bytes") not in (None, "auto"):
-        raise PlanError(
-            "vllm.kv_cache_memory_bytes is planned for vLLM's CPU backend (vllm.device=cpu); on a GPU the planner "
-            "sizes the KV cache from gpu_memory_utilization"
-        )
+    _check_gpu_arguments(gpu_memory_utilization, gpus, overrides or {})
     warnings: list[str] = []
     check_factor(model, factor, warnings)
     engine = engine_for(vllm_version, overrides or {})
@@ -589,18 +625,7 @@ def plan_serving(
         )
     )
     if fit < 1:
-        if mem.weights >= mem.usable:
-            why = f"its weights alone take {gib(mem.weights)} of the {gib(mem.usable)} vLLM may use"
-        else:
-            left = max(0, mem.usable - mem.non_kv(1))
-            why = (
-                f"one page needs {gib(page * mem.kv_per_token)} of KV cache but only {gib(left)} is left after "
-                f"{gib(mem.non_kv(1))} of weights, profile peak and reserves"
-            )
-        raise PlanError(
-            f"{model.id} does not fit on {gpu.name} ({gpu.memory_gib:.1f} GiB x {util:g}): {why}. "
-            f"What would fit: {_suggest(model, gpu, util, budget, engine, 1)}"
-        )
+        raise _does_not_fit(model, gpu, util, budget, engine, mem)
     seqs, why = min(fit, MAX_NUM_SEQS_CAP), f"min(memory {fit}, CUDA-graph cap {MAX_NUM_SEQS_CAP})"
     if p95_seconds is not None:
         cap, derivation = _p95_cap(model, gpu, mem, budget, p95_seconds)
@@ -683,12 +708,7 @@ def plan_serving(
     steps += draft_steps
     args = _vllm_args(model, gpu, util, budget, seqs, mem.batched_tokens, page, strategy, gpus)
     if speculative:
-        spec = served.speculative
-        args["speculative_config"] = {
-            "method": spec["method"],
-            **({"model": spec["model"]} if spec.get("model") else {}),
-            "num_speculative_tokens": spec["num_speculative_tokens"],
-        }
+        args["speculative_config"] = _speculative_config(served.speculative)
     in_flight = math.ceil(seqs * (gpus if strategy == "replicas" else 1) * gateway_overcommit) + gateway_burst
     steps += admission_steps(args, engine, budget, in_flight)
     _apply_overrides(args, overrides or {}, model, budget, kv_tokens)

@@ -223,143 +223,187 @@ def simulate(
     draws = rng.choice(np.asarray(lengths, int), size=total + (in_flight or max_num_seqs) + 1, p=weights)
     if -(-(prefix_tokens + int(max(lengths))) // block) > kv_blocks:
         raise ValueError("one page at its longest does not fit the KV cache")
-    spec = speedup or [(1, 1.0)]
-    # a request: [id, output length, tokens made, submitted at, preemptions]
-    waiting: deque[list] = deque()
-    submitted = 0
-
-    def submit(now: float) -> None:
-        nonlocal submitted
-        waiting.append([submitted, int(draws[submitted]), 0, now, 0])
-        submitted += 1
-
+    run = _Run(max_num_seqs, kv_blocks, prefix_tokens, step_time, batched_tokens, speedup or [(1, 1.0)], block, draws)
     for _ in range(in_flight or max_num_seqs):
-        submit(0.0)
-    running: list[list] = []  # requests in admission order
-    ctx = np.zeros(0, np.int64)  # tokens in each running request's KV
-    left = np.zeros(0, np.int64)  # tokens each still has to make
-    free = kv_blocks
-    now = 0.0
-    finished = 0
-    latencies: list[float] = []
-    preemptions = 0
-    preempted_pages = 0
-    measure_from = None
-    busy_batch = busy_kv = measured_time = 0.0
-    preempted_last = False
-
-    while finished < total:
-        prefill = 0
-        if not preempted_last:
-            budget = batched_tokens - len(running)
-            while waiting and len(running) < max_num_seqs:
-                req = waiting[0]
-                tokens = prefix_tokens + req[2]
-                need = -(-tokens // block)
-                if need > free or (prefill and prefill + tokens > budget):
-                    break
-                waiting.popleft()
-                free -= need
-                prefill += tokens
-                req[2] += 1  # the prefill step samples the next token
-                running.append(req)
-                ctx = np.append(ctx, tokens)
-                left = np.append(left, req[1] - req[2])
-        preempted_last = False
-        n = len(running)
-        if n == 0:
+        run.submit()
+    while run.finished < total:
+        if not run.preempted_last:
+            run.admit()
+        run.preempted_last = False
+        if not run.running:
             raise ValueError("nothing can run: the KV cache holds no page")  # pragma: no cover
+        run.advance(run.steps_to_event())
+        if not run.retire(warm_up):
+            run.step_out_of_blocks()
+    return run.prediction()
+
+
+class _Run:
+    """The state of one :func:`simulate` run: the waiting queue, the running requests with the
+    tokens in their KV and the tokens still to make, the free blocks, the clock and the counts."""
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        kv_blocks: int,
+        prefix_tokens: int,
+        step_time: StepTime,
+        batched_tokens: int,
+        spec: Sequence[tuple[int, float]],
+        block: int,
+        draws: np.ndarray,
+    ):
+        self.max_num_seqs, self.kv_blocks, self.prefix_tokens = max_num_seqs, kv_blocks, prefix_tokens
+        self.step_time, self.batched_tokens, self.spec, self.block = step_time, batched_tokens, spec, block
+        self.draws = draws
+        # a request: [id, output length, tokens made, submitted at, preemptions]
+        self.waiting: deque[list] = deque()
+        self.submitted = 0
+        self.running: list[list] = []  # requests in admission order
+        self.ctx = np.zeros(0, np.int64)  # tokens in each running request's KV
+        self.left = np.zeros(0, np.int64)  # tokens each still has to make
+        self.free = kv_blocks
+        self.now = 0.0
+        self.finished = 0
+        self.latencies: list[float] = []
+        self.preemptions = 0
+        self.preempted_pages = 0
+        self.measure_from: float | None = None
+        self.busy_batch = self.busy_kv = self.measured_time = 0.0
+        self.preempted_last = False
+        self.prefill = 0  # tokens the coming step prefills
+        self.factor = 1.0  # the speculative speedup's divisor at the last step's batch
+
+    def submit(self) -> None:
+        """Queue the next page of the closed loop, submitted now."""
+        self.waiting.append([self.submitted, int(self.draws[self.submitted]), 0, self.now, 0])
+        self.submitted += 1
+
+    def admit(self) -> None:
+        """Admit waiting requests in order while slots, blocks and the step's token budget allow."""
+        budget = self.batched_tokens - len(self.running)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            tokens = self.prefix_tokens + req[2]
+            need = -(-tokens // self.block)
+            if need > self.free or (self.prefill and self.prefill + tokens > budget):
+                break
+            self.waiting.popleft()
+            self.free -= need
+            self.prefill += tokens
+            req[2] += 1  # the prefill step samples the next token
+            self.running.append(req)
+            self.ctx = np.append(self.ctx, tokens)
+            self.left = np.append(self.left, req[1] - req[2])
+
+    def steps_to_event(self) -> int:
+        """Decode steps until the first finish, the head's admission or the pool's running out."""
         # steps until the first finish; the admitted ones may finish at once (1-token pages)
-        done_now = left <= 0
-        k = 0 if done_now.any() else int(left.min())
-        if k and waiting and len(running) < max_num_seqs and -(-(prefix_tokens + waiting[0][2]) // block) <= free:
+        k = 0 if (self.left <= 0).any() else int(self.left.min())
+        head_fits = self.waiting and -(-(self.prefix_tokens + self.waiting[0][2]) // self.block) <= self.free
+        if k and head_fits and len(self.running) < self.max_num_seqs:
             k = 1  # the head can be admitted at the next step
-        blocks_now = -(-ctx // block)
-        if k and _demand(ctx, blocks_now, k, block) > free:
+        blocks_now = -(-self.ctx // self.block)
+        if k and _demand(self.ctx, blocks_now, k, self.block) > self.free:
             lo, hi = 0, k
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if _demand(ctx, blocks_now, mid, block) <= free:
+                if _demand(self.ctx, blocks_now, mid, self.block) <= self.free:
                     lo = mid
                 else:
                     hi = mid - 1
             k = lo
-        factor = 1 / speedup_at(spec, n)
-        c0 = float(ctx.sum())
+        return k
+
+    def advance(self, k: int) -> None:
+        """Run ``k`` decode steps in one jump (the step's prefill included); 0: the prefill alone."""
+        n, prefill, seconds = len(self.running), self.prefill, self.step_time.seconds
+        self.factor = 1 / speedup_at(self.spec, n)
+        c0 = float(self.ctx.sum())
         if k:
-            first = step_time.seconds(n, c0, prefill) - step_time.seconds(0, 0, prefill)
-            per = step_time.seconds(n, c0 + n, 0) - step_time.seconds(n, c0, 0)
-            elapsed = (k * first + per * k * (k - 1) / 2) * factor + step_time.seconds(0, 0, prefill)
-            free -= _demand(ctx, blocks_now, k, block)
-            ctx = ctx + k
-            left = left - k
+            first = seconds(n, c0, prefill) - seconds(0, 0, prefill)
+            per = seconds(n, c0 + n, 0) - seconds(n, c0, 0)
+            elapsed = (k * first + per * k * (k - 1) / 2) * self.factor + seconds(0, 0, prefill)
+            self.free -= _demand(self.ctx, -(-self.ctx // self.block), k, self.block)
+            self.ctx = self.ctx + k
+            self.left = self.left - k
         else:
-            elapsed = step_time.seconds(0, 0, prefill)
-        if measure_from is not None:
-            busy_batch += n * elapsed
-            busy_kv += (kv_blocks - free) * elapsed
-            measured_time += elapsed
-        now += elapsed
-        finished_mask = left <= 0
-        if finished_mask.any():
-            for i in np.flatnonzero(finished_mask):
-                req = running[i]
-                free += int(-(-ctx[i] // block))
-                finished += 1
-                if finished > warm_up:
-                    latencies.append(now - req[3])
-                    preemptions += req[4]
-                    preempted_pages += req[4] > 0
-                if finished == warm_up:
-                    measure_from = now
-                if submitted < len(draws):
-                    submit(now)
-            keep = ~finished_mask
-            running = [r for r, kept in zip(running, keep, strict=True) if kept]
-            ctx, left = ctx[keep], left[keep]
-            continue
-        # the pool runs out within the next step: serve the running requests in order
-        need = (-(-(ctx + 1) // block)) - (-(-ctx // block))
+            elapsed = seconds(0, 0, prefill)
+        self.prefill = 0
+        self._account(n, elapsed)
+
+    def _account(self, batch: int, elapsed: float) -> None:
+        if self.measure_from is not None:
+            self.busy_batch += batch * elapsed
+            self.busy_kv += (self.kv_blocks - self.free) * elapsed
+            self.measured_time += elapsed
+        self.now += elapsed
+
+    def retire(self, warm_up: int) -> bool:
+        """Finish the requests that made all their tokens and submit one page for each; whether any did."""
+        finished_mask = self.left <= 0
+        if not finished_mask.any():
+            return False
+        for i in np.flatnonzero(finished_mask):
+            req = self.running[i]
+            self.free += int(-(-self.ctx[i] // self.block))
+            self.finished += 1
+            if self.finished > warm_up:
+                self.latencies.append(self.now - req[3])
+                self.preemptions += req[4]
+                self.preempted_pages += req[4] > 0
+            if self.finished == warm_up:
+                self.measure_from = self.now
+            if self.submitted < len(self.draws):
+                self.submit()
+        keep = ~finished_mask
+        self.running = [r for r, kept in zip(self.running, keep, strict=True) if kept]
+        self.ctx, self.left = self.ctx[keep], self.left[keep]
+        return True
+
+    def step_out_of_blocks(self) -> None:
+        """The pool runs out within the next step: serve the running requests in order, preempting
+        the newest (recompute) until each one served has its block."""
+        need = (-(-(self.ctx + 1) // self.block)) - (-(-self.ctx // self.block))
         i = 0
         gone: list[int] = []
-        while i < len(running) - len(gone):
-            if need[i] and free < 1:
-                victim = len(running) - 1 - len(gone)
-                free += int(-(-ctx[victim] // block))
+        while i < len(self.running) - len(gone):
+            if need[i] and self.free < 1:
+                victim = len(self.running) - 1 - len(gone)
+                self.free += int(-(-self.ctx[victim] // self.block))
                 gone.append(victim)
-                req = running[victim]
-                req[2] = req[1] - int(left[victim])  # what it had made: recomputed on readmission
+                req = self.running[victim]
+                req[2] = req[1] - int(self.left[victim])  # what it had made: recomputed on readmission
                 req[4] += 1
                 if victim == i:
                     break
                 continue
-            free -= int(need[i])
+            self.free -= int(need[i])
             i += 1
-        served = len(running) - len(gone)
-        step = step_time.seconds(served, float(ctx[:served].sum()), 0) * factor
-        now += step
-        if measure_from is not None:
-            busy_batch += served * step
-            busy_kv += (kv_blocks - free) * step
-            measured_time += step
+        served = len(self.running) - len(gone)
+        step = self.step_time.seconds(served, float(self.ctx[:served].sum()), 0) * self.factor
+        self._account(served, step)
         for victim in gone:  # newest first: prepending each leaves the oldest at the front
-            waiting.appendleft(running[victim])
-        running = running[:served]
-        ctx, left = ctx[:served] + 1, left[:served] - 1
-        preempted_last = bool(gone)
+            self.waiting.appendleft(self.running[victim])
+        self.running = self.running[:served]
+        self.ctx, self.left = self.ctx[:served] + 1, self.left[:served] - 1
+        self.preempted_last = bool(gone)
 
-    span = now - (measure_from or 0.0)
-    ordered = sorted(latencies)
-    return Prediction(
-        max_num_seqs=max_num_seqs,
-        pages_per_s=len(latencies) / span if span > 0 else math.inf,
-        p50_s=_pct(ordered, 50),
-        p95_s=_pct(ordered, 95),
-        preemptions_per_page=preemptions / len(latencies),
-        preempted_share=preempted_pages / len(latencies),
-        mean_running=busy_batch / measured_time if measured_time else 0.0,
-        kv_use=busy_kv / measured_time / kv_blocks if measured_time else 0.0,
-    )
+    def prediction(self) -> Prediction:
+        """The figures measured after the warm-up."""
+        span = self.now - (self.measure_from or 0.0)
+        ordered = sorted(self.latencies)
+        measured = self.measured_time
+        return Prediction(
+            max_num_seqs=self.max_num_seqs,
+            pages_per_s=len(self.latencies) / span if span > 0 else math.inf,
+            p50_s=_pct(ordered, 50),
+            p95_s=_pct(ordered, 95),
+            preemptions_per_page=self.preemptions / len(self.latencies),
+            preempted_share=self.preempted_pages / len(self.latencies),
+            mean_running=self.busy_batch / measured if measured else 0.0,
+            kv_use=self.busy_kv / measured / self.kv_blocks if measured else 0.0,
+        )
 
 
 def _demand(ctx: np.ndarray, blocks_now: np.ndarray, steps: int, block: int) -> int:

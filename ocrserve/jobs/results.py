@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from ocrserve.errors import PROBLEM_BASE
 from ocrserve.formats import assemble_result
 from ocrserve.pages import PageResult
-from ocrserve.router import BULK
+from ocrserve.scheduling import BULK
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 from ocrserve.store.job_records import Job, PageRecord, PageState

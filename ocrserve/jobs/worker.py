@@ -3,13 +3,14 @@
 One claim loop and one heartbeat loop per gateway:
 
 - **claim**: while this worker holds fewer than ``jobs.concurrency`` pages, it first reserves room
-  in the router's bulk lane (``router.admit("bulk", 1)``; when the lane is full it waits
+  in the router's bulk lane (:meth:`~ocrserve.router.Router.admit`; when the lane is full it waits
   ``jobs.poll_interval_s`` and tries again; a page is never failed for that), then claims one page
   (higher-priority jobs first). The page is decoded from the stored upload by the app's
   :class:`~ocrserve.preprocess.Preprocessor` and run by the same
   :class:`~ocrserve.pipeline.PagePipeline` as synchronous pages, under a
   :class:`~ocrserve.work.WorkItem` carrying the job's priority (:meth:`~ocrserve.work.Priority.of_job`:
-  it orders the page in the bulk lane and in the engine) and its deadline; its result is written to
+  it orders the page in the bulk lane) and its deadline, resolved into the page's
+  :class:`~ocrserve.scheduling.Terms` like any request's; its result is written to
   the data folder and the page completed in the store.
 - **heartbeat**: every third of ``jobs.lease_s`` it renews the leases of the pages it holds; a
   page it has lost (cancelled, or re-claimed by another gateway after a stall) is abandoned, which
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,7 +58,8 @@ from ocrserve.logs import set_request_id
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DecodeFailure, Preprocessor
-from ocrserve.router import BULK, Reservation, Router
+from ocrserve.router import Reservation, Router
+from ocrserve.scheduling import BULK, Terms, resolve
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 from ocrserve.store.health import StoreHealth
@@ -180,7 +183,9 @@ class Worker:
                 await asyncio.sleep(READY_POLL_S)
             admission = contextlib.AsyncExitStack()
             try:
-                reservation = await admission.enter_async_context(self.router.admit(BULK, 1))
+                # room for a page not claimed yet: no deadline (its job's terms come with the claim)
+                room = dataclasses.replace(resolve(WorkItem(lane=BULK), self.router.cfg, 1), deadline=None)
+                reservation = await admission.enter_async_context(self.router.admit(room, 1))
             except Overloaded:
                 metrics.JOB_ADMISSION_WAITS.inc()
                 await asyncio.sleep(self.cfg.poll_interval_s)
@@ -278,11 +283,12 @@ class Worker:
             extra={"request_id": lapsed.request_id, "job_id": job_id, "pages": len(pages)},
         )
 
-    def work_item(self, job: Job) -> WorkItem:
+    def terms(self, job: Job) -> Terms:
         """The scheduling terms of ``job``'s pages: the bulk lane, the job's priority mapped to the
-        engine's convention (:meth:`Priority.of_job`), and its deadline if it has one."""
+        queue's convention (:meth:`Priority.of_job`), and its deadline if it has one."""
         priority = Priority.of_job(job.priority, self.cfg.max_priority, self.router.cfg.bulk.priority)
-        return WorkItem(deadline=Deadline.at_unix(job.deadline) if job.deadline else None, priority=priority, lane=BULK)
+        deadline = Deadline.at_unix(job.deadline) if job.deadline else None
+        return resolve(WorkItem(deadline=deadline, priority=priority, lane=BULK), self.router.cfg, 1)
 
     async def _try(self, claim: Claim, job: Job, reservation: Reservation) -> Attempt:
         """:meth:`_attempt`, unless the page has had its tries; an unexpected failure is transient
@@ -373,22 +379,22 @@ class Worker:
         Raises:
             Exception: anything but a page's own failure (a broken decoding pool, an engine bug).
         """
-        work = self.work_item(job)
-        if work.deadline is not None and work.deadline.passed():
+        terms = self.terms(job)
+        if terms.deadline_is_clients and terms.deadline.passed():
             problem = DeadlinePassed(f"page {claim.index + 1}: the job's deadline passed before it ran")
             reservation.release(1)
             return Attempt.failed(claim.index, problem)
         source = self.data.upload_path(claim.job_id, claim.document)
         try:
-            page = await self._decode(source, job.documents[claim.document], claim.index, work.priority)
+            page = await self._decode(source, job.documents[claim.document], claim.index, terms.engine_class)
         except ProblemError as problem:
             reservation.release(1)
             return Attempt.failed(claim.index, problem)
-        return await self.pipeline.run(page, reservation, work)
+        return await self.pipeline.run(page, reservation, terms)
 
     async def _decode(self, source: Path, document: JobDocument, index: int, priority: int) -> Page | DecodeFailure:
         """The page ``index`` of a stored upload, or its :class:`DecodeFailure`, decoded at the job's
-        ``priority`` (after interactive pages waiting for a decoding process).
+        engine class ``priority`` (after interactive pages waiting for a decoding process).
 
         Raises:
             ProblemError: the document itself cannot be opened any more (415).

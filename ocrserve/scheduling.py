@@ -1,0 +1,109 @@
+"""When does this page run: a request's scheduling terms, resolved once.
+
+Every request (a synchronous one in :class:`~ocrserve.service.OcrService`, a job's page in the job
+worker) states what it asked for in a :class:`~ocrserve.work.WorkItem`; :func:`resolve` turns that
+and the router's config into :class:`Terms` in one call, and nothing downstream derives or patches
+them again:
+
+* **lane**: the one the request named, else ``fast`` when small (at most ``fast.max_pages`` pages
+  and ``fast.max_pixels`` normalized pixels), else ``bulk``;
+* **order**: its place in the lane's queue (lower first, as vLLM's ``PriorityRequestQueue`` in
+  ``vllm/v1/core/sched/request_queue.py`` orders ``(priority, arrival)``): its own priority (a
+  job's, :meth:`~ocrserve.work.Priority.of_job`), else the lane's, one step later for a fast
+  document above ``fast.urgent_pages`` pages, so single pages go first (shortest first, until the
+  lane's ``aging_s``). The lane's queue (:mod:`ocrserve.policies`) is the only reader of it;
+* **engine class**: :class:`~ocrserve.work.EngineClass` ``INTERACTIVE`` for the fast lane,
+  ``BACKGROUND`` for the bulk lane: what the engine's stages, threads and recognition batches go
+  by (with aging there, :mod:`ocrserve.engines.stages`), and what vLLM gets as the request's
+  ``priority``;
+* **bursts**: whether it may use the fast lane's burst slots (a fast request of at most
+  ``fast.urgent_pages`` pages);
+* **deadline**: the client's (``timeout``, a job's ``deadline``), else the lane's ``timeout_s``
+  from now (none when 0), and whether it was the client's: a lane's default deadline that passes
+  is the server's doing, so a job's page is retried (:attr:`Terms.deadline_is_clients`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ocrserve.config import RouterConfig
+from ocrserve.work import Deadline, EngineClass, Priority, WorkItem
+
+FAST, BULK = "fast", "bulk"
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A request's resolved scheduling terms (see the module docstring).
+
+    Attributes:
+        lane: ``fast`` or ``bulk``.
+        order: its pages' order in the lane's queue, lower first.
+        engine_class: how the engine runs its pages.
+        bursts: its pages may run in the fast lane's burst slots.
+        deadline: when its pages must be done, or None.
+        deadline_is_clients: the deadline was the client's own, not the lane's default.
+        client: whom the request is for (``router.fair_by``); ``""``: one shared client.
+    """
+
+    lane: str
+    order: Priority
+    engine_class: EngineClass
+    bursts: bool = False
+    deadline: Deadline | None = None
+    deadline_is_clients: bool = False
+    client: str = ""
+
+
+def choose_lane(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int) -> str:
+    """The lane of a request of ``pages`` pages and ``pixels`` normalized pixels: the one ``work``
+    names, else ``fast`` when small (``fast.max_pages``, ``fast.max_pixels``), else ``bulk``."""
+    if work.lane is not None:
+        return work.lane
+    return FAST if pages <= cfg.fast.max_pages and pixels <= cfg.fast.max_pixels else BULK
+
+
+def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> Terms:
+    """The terms of a request of ``pages`` pages and ``pixels`` normalized pixels (module docstring).
+
+    The lane's default deadline runs from this call: resolve at admission.
+    """
+    lane = choose_lane(work, cfg, pages, pixels)
+    lane_cfg = cfg.fast if lane == FAST else cfg.bulk
+    document = lane == FAST and pages > cfg.fast.urgent_pages
+    order = work.priority if work.priority is not None else Priority(lane_cfg.priority + document)
+    deadline = work.deadline
+    if deadline is None and lane_cfg.timeout_s:
+        deadline = Deadline.after(lane_cfg.timeout_s)
+    return Terms(
+        lane=lane,
+        order=Priority(order),
+        engine_class=class_of(lane),
+        bursts=lane == FAST and not document,
+        deadline=deadline,
+        deadline_is_clients=work.deadline is not None,
+        client=work.client,
+    )
+
+
+def class_of(lane: str) -> EngineClass:
+    """The engine class of a lane's pages: interactive for ``fast``, background for ``bulk``."""
+    return EngineClass.INTERACTIVE if lane == FAST else EngineClass.BACKGROUND
+
+
+def inspection_class(work: WorkItem) -> EngineClass:
+    """The class a request's document is inspected at, before its lane is chosen: its named
+    lane's, else interactive (inspection is short, and decides the lane)."""
+    return class_of(work.lane or FAST)
+
+
+def may_dispatch(terms: Terms, in_flight: int, limit: int, burst_slots: int, saturated: bool) -> bool:
+    """Whether a queued page may go to the engine now: ``in_flight`` pages are there of ``limit``
+    (the router's slots); a page whose terms may burst may also take one of ``burst_slots``
+    beyond them, and even while the engine reports itself ``saturated`` (its own queue backed up:
+    other pages then wait in the router, where lanes order them)."""
+    burst = burst_slots if terms.bursts else 0
+    if in_flight >= limit + burst:
+        return False
+    return burst > 0 or not saturated

@@ -16,9 +16,7 @@ key.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -47,6 +45,16 @@ from pydantic_settings import (
     SettingsError,
     YamlConfigSettingsSource,
 )
+
+from ocrserve.api_keys import (
+    DERIVED_TENANT_DIGITS,
+    TENANT_NAME,
+    check_distinct,
+    derived_tenant,
+    given_sha256,
+    key_sha256,
+)
+from ocrserve.validation_errors import either, errors_by_key
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -80,12 +88,6 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-#: A tenant's name: it is kept with every job it owns and may appear in logs, so it is no secret.
-TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-#: Hex digits of a key's SHA-256 that name its tenant when none is configured (``key-<digits>``).
-DERIVED_TENANT_DIGITS = 8
-
-
 class ApiKey(Section):
     """An entry of ``server.api_keys`` given as a mapping (a plain string ``k`` is ``{key: k}``):
     the key or its SHA-256, the tenant it acts for, and its own rate limit and quota."""
@@ -109,10 +111,7 @@ class ApiKey(Section):
     @field_validator("key_sha256")
     @classmethod
     def _hex_digest(cls, value: str) -> str:
-        digest = value.strip().lower()
-        if digest and (len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)):
-            raise ValueError("expected 64 hex digits (the SHA-256 of the key)")
-        return digest
+        return given_sha256(value)
 
     @model_validator(mode="after")
     def _one_key(self) -> ApiKey:
@@ -123,12 +122,12 @@ class ApiKey(Section):
     @property
     def sha256(self) -> str:
         """The key's SHA-256, hex (FIPS 180-4)."""
-        return self.key_sha256 or hashlib.sha256(self.key.encode()).hexdigest()
+        return self.key_sha256 or key_sha256(self.key)
 
     @property
     def tenant_name(self) -> str:
         """The configured tenant, else ``key-`` and the first hex digits of :attr:`sha256`."""
-        return self.tenant or f"key-{self.sha256[:DERIVED_TENANT_DIGITS]}"
+        return self.tenant or derived_tenant(self.sha256)
 
 
 #: An entry of ``server.api_keys``: a string is the key itself; a mapping an :class:`ApiKey` (errors
@@ -213,15 +212,7 @@ class ServerConfig(Section):
     def _distinct_keys(cls, entries: list[str | ApiKey]) -> list[str | ApiKey]:
         """No key twice, and no tenant name derived from a key that another entry gets too (two keys
         whose SHA-256 begin alike): either would merge tenants unseen. Errors name entries by position."""
-        keys = [as_api_key(entry) for entry in entries]
-        digests = [k.sha256 for k in keys]
-        for n, digest in enumerate(digests):
-            if digests.index(digest) != n:
-                raise ValueError(f"entries {digests.index(digest)} and {n} are the same key")
-        for n, k in enumerate(keys):
-            others = [m for m, o in enumerate(keys) if m != n and o.tenant_name == k.tenant_name]
-            if k.tenant is None and others:
-                raise ValueError(f"entries {others[0]} and {n} both get tenant {k.tenant_name}: name their tenants")
+        check_distinct([(k.sha256, k.tenant, k.tenant_name) for k in map(as_api_key, entries)])
         return entries
 
 
@@ -930,12 +921,8 @@ def _set_by(tree: dict, parts: list[str]) -> bool:
 def _describe(exc: ValidationError, path: Path, environ: Mapping[str, str], overrides: dict) -> str:
     """One line per error, naming the key (and the environment variable, where it came from one)."""
     env_names = sorted(name for name in environ if is_config_env(name))
-    failed: dict[tuple[str, ...], list[dict]] = {}
-    for err in exc.errors():
-        parts = tuple(str(p) for p in err["loc"] if not _UNION_MEMBER.match(str(p)))
-        failed.setdefault(parts, []).append(err)
     lines = []
-    for parts, errs in failed.items():
+    for parts, errs in errors_by_key(exc).items():
         key = ".".join(parts)
         var = ENV_PREFIX + ENV_DELIMITER.join(parts).upper()
         origins = [name for name in env_names if name.upper() == var or name.upper().startswith(var + ENV_DELIMITER)]
@@ -943,17 +930,5 @@ def _describe(exc: ValidationError, path: Path, environ: Mapping[str, str], over
         if errs[0]["type"] == "extra_forbidden":
             lines.append(f"unknown key {key!r}{hint}")
         else:
-            lines.append(f"{key}: {_either(errs)} (got {errs[0].get('input')!r}){hint}")
+            lines.append(f"{key}: {either(errs)} (got {errs[0].get('input')!r}){hint}")
     return f"invalid configuration (profile {path.name}): " + "; ".join(lines)
-
-
-#: A union member's tag in a pydantic error's ``loc`` (``constrained-int``, ``literal['auto']``,
-#: ``int``): not a key, so left out of the key the message names.
-_UNION_MEMBER = re.compile(r"^(int|float|str|bool|[a-z]+-[a-z-]+(\[.*\])?|[a-z]+\[.*\])$")
-
-
-def _either(errs: list[dict]) -> str:
-    """The messages of a value every member of a union refused, as one: ``Input should be greater
-    than or equal to 1, or 'auto'``."""
-    first, *rest = (err["msg"] for err in errs)
-    return ", or ".join([first, *(msg.removeprefix("Input should be ") for msg in rest)])

@@ -1,6 +1,6 @@
 """Problems that reach the client as RFC 9457 problem details (``application/problem+json``).
 
-Every error a request can cause is a :class:`Problem` carrying its HTTP status; the API turns it
+Every error a request can cause is a :class:`ProblemError` carrying its HTTP status; the API turns it
 into ``{"type", "title", "status", "detail"}``. Problems are plain picklable exceptions so that
 they cross process-pool boundaries unchanged.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 PROBLEM_BASE = "https://ocrserve.dev/problems/"
 
 
-class Problem(Exception):
+class ProblemError(Exception):
     """An error with an HTTP status, a short stable title and a human-readable detail.
 
     Attributes:
@@ -49,7 +49,7 @@ def _rebuild(cls, detail, slug, headers):
     return cls(detail, slug=slug, headers=headers)
 
 
-class BadRequest(Problem):
+class BadRequest(ProblemError):
     """400: a parameter is malformed (``pages``, ``timeout``, ``format``)."""
 
     status = 400
@@ -57,7 +57,7 @@ class BadRequest(Problem):
     title = "Bad request"
 
 
-class NotFound(Problem):
+class NotFound(ProblemError):
     """404: no such resource."""
 
     status = 404
@@ -65,7 +65,7 @@ class NotFound(Problem):
     title = "Not found"
 
 
-class PayloadTooLarge(Problem):
+class PayloadTooLarge(ProblemError):
     """413: the upload exceeds a limit on bytes, pixels per page or pages per document."""
 
     status = 413
@@ -73,7 +73,7 @@ class PayloadTooLarge(Problem):
     title = "Payload too large"
 
 
-class UnsupportedMedia(Problem):
+class UnsupportedMedia(ProblemError):
     """415: the file is not a supported document type, or it cannot be decoded."""
 
     status = 415
@@ -81,7 +81,7 @@ class UnsupportedMedia(Problem):
     title = "Unsupported or undecodable file"
 
 
-class PoisonDocument(Problem):
+class PoisonDocument(ProblemError):
     """422: decoding the document exhausted its worker process (memory or time limit) or killed it;
     it is not tried again."""
 
@@ -90,7 +90,7 @@ class PoisonDocument(Problem):
     title = "Document exhausts the decoder"
 
 
-class Overloaded(Problem):
+class Overloaded(ProblemError):
     """503 (or 429 where configured): the server cannot queue more work now; see ``Retry-After``."""
 
     status = 503
@@ -98,7 +98,7 @@ class Overloaded(Problem):
     title = "Overloaded"
 
 
-class TooManyRequests(Problem):
+class TooManyRequests(ProblemError):
     """429 (RFC 6585 section 4): the client's rate limit or its tenant's quota is used up; see ``Retry-After``."""
 
     status = 429
@@ -106,7 +106,7 @@ class TooManyRequests(Problem):
     title = "Too many requests"
 
 
-class StoreUnavailable(Problem):
+class StoreUnavailable(ProblemError):
     """503: the job store (or the data folder) is not taking writes now; see ``Retry-After``."""
 
     status = 503
@@ -114,7 +114,7 @@ class StoreUnavailable(Problem):
     title = "Job store unavailable"
 
 
-class InsufficientStorage(Problem):
+class InsufficientStorage(ProblemError):
     """507 (RFC 4918 section 11.5): the data folder is full, so an upload or a job cannot be kept.
 
     507 rather than 503: the server is not busy, it is out of room, which waiting a few seconds
@@ -128,7 +128,7 @@ class InsufficientStorage(Problem):
     title = "Insufficient storage"
 
 
-class EngineUnavailable(Problem):
+class EngineUnavailable(ProblemError):
     """503: the OCR engine is not loaded or not answering."""
 
     status = 503
@@ -136,7 +136,7 @@ class EngineUnavailable(Problem):
     title = "Engine unavailable"
 
 
-class EngineRefused(Problem):
+class EngineRefused(ProblemError):
     """422: the engine's server refused the page with a 4xx of its own (vLLM's 400 for a page with
     more tokens than its ``max_model_len``): the page is well-formed, yet this model will never take
     it, so sending it again cannot help (unlike 502, which clients retry)."""
@@ -146,7 +146,7 @@ class EngineRefused(Problem):
     title = "Engine refused the page"
 
 
-class EngineFailed(Problem):
+class EngineFailed(ProblemError):
     """502: the OCR engine failed on a page."""
 
     status = 502
@@ -154,7 +154,7 @@ class EngineFailed(Problem):
     title = "Engine failed"
 
 
-class DeadlinePassed(Problem):
+class DeadlinePassed(ProblemError):
     """504: the request's deadline (``timeout``) passed before its pages were done."""
 
     status = 504
@@ -162,7 +162,7 @@ class DeadlinePassed(Problem):
     title = "Deadline passed"
 
 
-class RequestTimeout(Problem):
+class RequestTimeout(ProblemError):
     """408: the client stopped sending its request body (``server.read_timeout_s``)."""
 
     status = 408
@@ -170,7 +170,7 @@ class RequestTimeout(Problem):
     title = "Request timeout"
 
 
-class ClientGone(Problem):
+class ClientGone(ProblemError):
     """499 (nginx's "client closed request"): the client disconnected; nobody reads the answer."""
 
     status = 499

@@ -44,7 +44,7 @@ _WHITESPACE = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
-class Document:
+class CorpusDocument:
     """One corpus file and what ``index.json`` says about it.
 
     Attributes:
@@ -132,16 +132,16 @@ def locate_corpus(repo_root: Path | None = None) -> Path | None:
     return candidate if (candidate / "index.json").is_file() else None
 
 
-def load_index(corpus: Path) -> list[Document]:
+def load_index(corpus: Path) -> list[CorpusDocument]:
     """Every document listed in ``corpus/index.json``, in index order."""
     entries = json.loads((corpus / "index.json").read_text(encoding="utf-8"))
     return [_document(corpus, entry) for entry in entries]
 
 
-def _document(corpus: Path, entry: dict) -> Document:
-    """One index entry as a :class:`Document`; its ``.gt.txt`` is the entry's plain-text ground truth."""
+def _document(corpus: Path, entry: dict) -> CorpusDocument:
+    """One index entry as a :class:`CorpusDocument`; its ``.gt.txt`` is the entry's plain-text ground truth."""
     gt_text = next((g for g in entry.get("gt", []) if g.endswith(".gt.txt")), None)
-    return Document(
+    return CorpusDocument(
         file=entry["file"],
         path=corpus / entry["file"],
         gt_quality=entry["gt_quality"],
@@ -215,7 +215,7 @@ def bag_f1(hypothesis: str, reference: str, *, case_insensitive: bool = False) -
     return 2 * precision * recall / (precision + recall)
 
 
-def score(document: Document, hypothesis: str) -> Score:
+def score(document: CorpusDocument, hypothesis: str) -> Score:
     """Both metrics of ``hypothesis`` (pages joined by form feeds) against ``document``'s ground truth."""
     reference = document.ground_truth()
     fold = document.case_insensitive

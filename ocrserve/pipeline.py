@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ocrserve import metrics
 from ocrserve.engines.base import PageError
-from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, ProblemError
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import Reservation, Router
@@ -39,17 +39,17 @@ class Attempt:
     """
 
     result: PageResult
-    problem: Problem | None = None
+    problem: ProblemError | None = None
     transient: bool = False
 
     @classmethod
-    def failed(cls, index: int, problem: Problem, *, transient: bool = False) -> Attempt:
+    def failed(cls, index: int, problem: ProblemError, *, transient: bool = False) -> Attempt:
         """The attempt of page ``index`` that failed with ``problem``: its result entry has no text
         and the problem as ``error``."""
         return cls(PageResult(index=index, width=0, height=0, text="", error=problem.to_dict()), problem, transient)
 
 
-def page_problem(index: int, error: PageError) -> Problem:
+def page_problem(index: int, error: PageError) -> ProblemError:
     """The problem of a page the engine failed: 503 with ``Retry-After`` when the failure is
     transient (engine down or restarting), 422 when the engine's server refused the page with a
     4xx (vLLM: more tokens than its ``max_model_len``), else 502."""

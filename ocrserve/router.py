@@ -41,7 +41,7 @@ from ocrserve.alarm import Alarm
 from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
-from ocrserve.limits import LatencyLimit
+from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
@@ -247,7 +247,7 @@ class Router:
     @property
     def limit(self) -> int:
         """Pages the dispatcher keeps in the engine now: :attr:`capacity`, or with
-        ``router.concurrency: adaptive`` the latency-following limit (:mod:`ocrserve.limits`)."""
+        ``router.concurrency: adaptive`` the latency-following limit (:mod:`ocrserve.latency_limit`)."""
         return self.limiter.limit if self.limiter else self.capacity
 
     async def calibrate(self, pages: list[Page]) -> None:

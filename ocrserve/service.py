@@ -97,7 +97,7 @@ class OcrService:
             the dedup cache.
 
         Raises:
-            Problem: 413/415 from the preprocessor, 400 for bad ``pages``, 503/429 when the lane is
+            ProblemError: 413/415 from the preprocessor, 400 for bad ``pages``, 503/429 when the lane is
                 full, 504 when the deadline passed for any page, or every page's failure.
         """
         started = time.perf_counter()

@@ -36,7 +36,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ocrserve.evaluation import BAG_F1, CER, PAGE_BREAK, Document, Score, load_index, locate_corpus, score
+from ocrserve.evaluation import BAG_F1, CER, PAGE_BREAK, CorpusDocument, Score, load_index, locate_corpus, score
 from ocrserve.extras import MissingExtra, require
 
 PDF_DPI = 200
@@ -122,7 +122,7 @@ class DirectReader:
         """The text of one page: rapidocr's lines joined by newlines (empty when it finds none)."""
         return "\n".join(self.engine(page).txts or ())
 
-    def read(self, document: Document) -> Side:
+    def read(self, document: CorpusDocument) -> Side:
         """Every page of ``document`` read and scored; pages joined by form feeds."""
         start = time.perf_counter()
         pages = [self.read_page(page) for page in naive_inputs(document.path)]
@@ -130,7 +130,7 @@ class DirectReader:
         return Side(text, len(pages), time.perf_counter() - start, score(document, text))
 
 
-def read_via_api(client: httpx.Client, url: str, document: Document) -> Side:
+def read_via_api(client: httpx.Client, url: str, document: CorpusDocument) -> Side:
     """``document`` sent to ``POST {url}/v1/ocr`` and its ``text`` scored.
 
     A failed request counts as empty text (CER 1, bag-F1 0) and carries its error.
@@ -162,7 +162,7 @@ def server_ready(url: str) -> bool:
         return False
 
 
-def evaluate(documents: list[Document], url: str | None, console: Console) -> list[Row]:
+def evaluate(documents: list[CorpusDocument], url: str | None, console: Console) -> list[Row]:
     """Read every document through the API (unless ``url`` is None) and directly, with a progress bar."""
     direct = DirectReader()
     rows = []

@@ -6,7 +6,7 @@ Preprocessor: random bytes, truncations and header mutations of the samples in t
 few containers built from them: PDF, WebP, GIF, BMP) go through
 :func:`~ocrserve.preprocess.inspect_document` and :func:`~ocrserve.preprocess.decode_pages`;
 every outcome must be a page, a :class:`~ocrserve.preprocess.DecodeFailure` or a 4xx
-:class:`~ocrserve.errors.Problem`, never another exception, within :data:`DOCUMENT_TIME_LIMIT_S`.
+:class:`~ocrserve.errors.ProblemError`, never another exception, within :data:`DOCUMENT_TIME_LIMIT_S`.
 
 API: requests drawn from the gateway's own OpenAPI schema (schemathesis), valid and invalid, must
 get no 5xx (but the 503 or 504 a request's own ``timeout`` asks for), no traceback or server file path in
@@ -28,7 +28,7 @@ from schemathesis import Case, GenerationMode
 
 from ocrserve.bench.harness import REPO
 from ocrserve.config import PreprocessConfig
-from ocrserve.errors import Problem
+from ocrserve.errors import ProblemError
 from ocrserve.pages import Page
 from ocrserve.preprocess import DecodeFailure, decode_pages, inspect_document
 from tests import samples
@@ -149,7 +149,7 @@ def check_document(document: Document, cfg: PreprocessConfig) -> str:
         info = inspect_document(data, cfg)
         indices = info.select(None, cfg)
         outcomes = decode_pages(data, info, indices, cfg)
-    except Problem as problem:
+    except ProblemError as problem:
         _check_problem(problem)
         outcome = f"{problem.status} {problem.slug}"
     else:
@@ -162,7 +162,7 @@ def check_document(document: Document, cfg: PreprocessConfig) -> str:
     return outcome
 
 
-def _check_problem(problem: Problem) -> None:
+def _check_problem(problem: ProblemError) -> None:
     assert 400 <= problem.status < 500, f"{type(problem).__name__} {problem.status}: {problem.detail}"
 
 

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from ocrserve.config import RouterConfig
 from ocrserve.engines.base import Engine
-from ocrserve.limits import LatencyLimit
+from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.router import Router
 from ocrserve.scheduling import BULK, resolve

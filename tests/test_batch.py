@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from ocrserve.batch.records import MANIFEST, STATE_DIR, Entry, OutputFolder, resume_key
+from ocrserve.batch.output_folder import MANIFEST, STATE_DIR, ManifestEntry, OutputFolder, resume_key
 from ocrserve.cli import app
 from ocrserve.config import load_config
 from ocrserve.engines import create_engine
@@ -60,8 +60,8 @@ def _folder(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def _manifest(out: Path) -> list[Entry]:
-    return [Entry.from_json(line) for line in (out / MANIFEST).read_text(encoding="utf-8").splitlines()]
+def _manifest(out: Path) -> list[ManifestEntry]:
+    return [ManifestEntry.from_json(line) for line in (out / MANIFEST).read_text(encoding="utf-8").splitlines()]
 
 
 def _recorded(out: Path) -> bool:
@@ -145,7 +145,7 @@ def test_a_killed_ocr_actor_is_replaced_and_every_document_done_once(local_ray, 
     out = tmp_path / "out"
     killed: list[int] = []
 
-    def kill_first_worker(entry: Entry) -> None:
+    def kill_first_worker(entry: ManifestEntry) -> None:
         if not killed and entry.workers:
             killed.append(int(entry.workers[0].rpartition(":")[2]))
             os.kill(killed[0], signal.SIGKILL)
@@ -221,7 +221,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_the_next_run_finishes_it(tmp_p
 
 def test_a_result_damaged_since_it_was_written_is_not_done(tmp_path):
     folder = OutputFolder(tmp_path)
-    entry = Entry("in/x.png", "x.png.json", "succeeded", pages=1, engine="m", key="k1")
+    entry = ManifestEntry("in/x.png", "x.png.json", "succeeded", pages=1, engine="m", key="k1")
     folder.write(entry, {"id": "k1", "pages": [], "text": "été"}, "json")
     assert folder.done("x.png.json", "k1") == entry
     assert folder.done("x.png.json", "k2") is None  # another key: the document or the settings changed

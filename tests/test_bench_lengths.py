@@ -27,7 +27,7 @@ from ocrserve.bench.forced_lengths import (  # noqa: E402
     read_lengths,
     write_lengths,
 )
-from ocrserve.bench.load import Measurement, Outcome  # noqa: E402
+from ocrserve.bench.load import Measurement, RequestOutcome  # noqa: E402
 
 
 class Move(Enum):
@@ -185,7 +185,7 @@ def test_bench_set_items_reach_every_gateway_of_a_sweep(monkeypatch):
             pass
 
     async def point(url, documents, concurrency, seconds, setting, tick):
-        return Measurement("closed", 0, 1.0, [Outcome("a.png", 200, 1.0, 1, "")], setting)
+        return Measurement("closed", 0, 1.0, [RequestOutcome("a.png", 200, 1.0, 1, "")], setting)
 
     monkeypatch.setattr(bench, "LocalGateway", Gateway)
     monkeypatch.setattr(bench, "_server_point", point)

@@ -9,7 +9,7 @@ import pytest
 
 from ocrserve.bench.analysis import Point, curves, knee, recommend
 from ocrserve.bench.capacity import ServiceModel, in_flight, replicas, serve, simulate
-from ocrserve.bench.load import Measurement, Outcome
+from ocrserve.bench.load import Measurement, RequestOutcome
 from ocrserve.cli.bench import _grid, _report
 
 #: A recorded concurrency sweep (pages/s, p95 s): gains of 90%, 58%, 3.3%, 0.6%.
@@ -48,7 +48,7 @@ def test_a_grid_of_two_sweeps_has_a_curve_and_a_knee_per_setting_of_the_second_k
     recorded = [(1.0, 2.0), (1.5, 3.0), (1.52, 3.5), (1.2, 2.5), (2.0, 4.0), (2.5, 9.0)]
     measured = []
     for setting, (rate, p95) in zip(settings, recorded, strict=True):
-        outcomes = [Outcome("a.png", 200, p95, 1, "text")] * int(rate * 10)
+        outcomes = [RequestOutcome("a.png", 200, p95, 1, "text")] * int(rate * 10)
         value = float(setting.split()[0].partition("=")[2])
         measured.append(Measurement("closed", value, 10.0, outcomes, setting))
     by_curve = curves(measured, lambda m: m.setting, lambda m: m.value)

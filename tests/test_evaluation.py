@@ -11,7 +11,7 @@ from ocrserve.evaluation import (
     BAG_F1,
     CER,
     CORPUS_ENV,
-    Document,
+    CorpusDocument,
     bag_f1,
     cer,
     load_index,
@@ -94,8 +94,8 @@ def test_bag_f1_edge_cases():
 # --- documents and the index -------------------------------------------------------------------
 
 
-def _doc(file: str, gt_quality: str = "exact", gt: Path | None = Path("x.gt.txt")) -> Document:
-    return Document(file=file, path=Path(file), gt_quality=gt_quality, gt_text_path=gt)
+def _doc(file: str, gt_quality: str = "exact", gt: Path | None = Path("x.gt.txt")) -> CorpusDocument:
+    return CorpusDocument(file=file, path=Path(file), gt_quality=gt_quality, gt_text_path=gt)
 
 
 def test_primary_metric_follows_reading_order_reliability():

@@ -19,7 +19,7 @@ from ocrserve.jobs.janitor import Janitor
 from ocrserve.store import buckets, open_store, redis_store
 from ocrserve.store.base import IdempotencyConflict
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Document, Job, JobStatus, Outcome, PageState
+from ocrserve.store.job_records import Job, JobDocument, JobStatus, PageOutcome, PageState
 from ocrserve.store.sqlite_store import SqliteStore
 from tests.redis_server import redis_url  # noqa: F401  (fixture)
 
@@ -39,7 +39,7 @@ async def store(request, tmp_path):
 
 
 def make_job(pages: int = 3, *, priority: int = 0, webhook: str = "", request_hash: str = "h", created=None) -> Job:
-    doc = Document(
+    doc = JobDocument(
         name="d.tif",
         sha256="0" * 64,
         size=10,
@@ -61,8 +61,8 @@ def make_job(pages: int = 3, *, priority: int = 0, webhook: str = "", request_ha
     )
 
 
-def ok(path: str = "jobs/x/page.json") -> Outcome:
-    return Outcome(PageState.DONE, path)
+def ok(path: str = "jobs/x/page.json") -> PageOutcome:
+    return PageOutcome(PageState.DONE, path)
 
 
 async def test_claim_order_priority_then_age_then_page(store):
@@ -104,7 +104,7 @@ async def test_completion_counts_once_and_ends_the_job(store):
     assert (await store.complete(b0, ok("b0"))).counted
     second = await store.complete(a0, ok("a0"))  # the slow first claimant finishes too
     assert not second.counted and not second.ended
-    last = await store.complete(a1, Outcome(PageState.FAILED, error={"status": 502, "detail": "x"}))
+    last = await store.complete(a1, PageOutcome(PageState.FAILED, error={"status": 502, "detail": "x"}))
     assert last.counted and last.ended == JobStatus.PARTIAL
     assert not (await store.complete(b1, ok("b1"))).counted
     done = await store.get(job.id)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from ocrserve.cli import app
 from ocrserve.config import ConfigError, load_config
-from ocrserve.gpu.launcher import gateway_command
+from ocrserve.gateway import gateway_command
 from ocrserve.logs import MAX_REQUEST_ID
 from tests.conftest import DATA, Gateway, wait_for
 

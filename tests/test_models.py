@@ -17,7 +17,7 @@ from ocrserve.models import (
     get_model,
     load_registry,
 )
-from ocrserve.models.schema import REGISTRY_DIR, Entry
+from ocrserve.models.schema import REGISTRY_DIR, RegistryEntry
 from ocrserve.preprocess import geometry
 from ocrserve.preprocess.geometry import smart_resize
 
@@ -261,7 +261,7 @@ def test_registry_files_load_and_validate():
     for name in names:
         data = yaml.safe_load((REGISTRY_DIR / name).read_text(encoding="utf-8"))
         if "base" not in data:
-            Entry.model_validate(data)
+            RegistryEntry.model_validate(data)
             assert data["parameters"].keys() == {"value", "source"}  # {value, source} per number
 
 

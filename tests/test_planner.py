@@ -403,14 +403,15 @@ def test_planned_argv_parses_with_vllms_own_parser():
 
 
 def test_planner_is_math_and_the_cli_renders():
-    # layers: the planner returns data; the renderers live in the CLI; the launcher imports no CLI
+    # layers: the planner returns data; the renderers live in the CLI; the launchers import no CLI
     import ast
     from pathlib import Path
 
+    from ocrserve import gateway
     from ocrserve.gpu import launcher, planner
 
     assert not any(hasattr(planner, name) for name in ("render_table", "render_yaml", "render_json", "RENDERERS"))
-    for module in (planner, launcher):
+    for module in (planner, launcher, gateway):
         tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
         imported = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ocrserve.config import PreprocessConfig
-from ocrserve.errors import PayloadTooLarge, PoisonDocument, Problem
+from ocrserve.errors import PayloadTooLarge, PoisonDocument, ProblemError
 from ocrserve.preprocess import DecodeFailure, Preprocessor, inspect_document
 from ocrserve.preprocess.pool import MIB, resident_mb
 from tests import samples
@@ -78,7 +78,7 @@ async def test_a_webp_header_bomb_is_refused_within_the_memory_limit(preprocesso
     pid = preprocessor.worker_pids()[0]  # the interactive pool's process, which decodes at priority 0
     try:
         outcome = (await decode(preprocessor, samples.webp_header_bomb(16383, 9000)))[0].problem
-    except Problem as problem:
+    except ProblemError as problem:
         outcome = problem
     assert 400 <= outcome.status < 500
     assert peak_mb(pid) < LIMIT_MB

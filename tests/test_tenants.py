@@ -17,7 +17,7 @@ from ocrserve.api.tenants import KeyRing
 from ocrserve.config import ConfigError, load_config
 from ocrserve.errors import TooManyRequests
 from ocrserve.store.base import IdempotencyConflict
-from ocrserve.store.records import ANONYMOUS, Job
+from ocrserve.store.job_records import ANONYMOUS, Job
 from ocrserve.store.sqlite_store import SqliteStore
 from tests.conftest import Gateway
 from tests.jobs_util import metric, numbered_tiff, read_events, wait_job

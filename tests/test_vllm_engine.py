@@ -19,11 +19,11 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrserve.bench.harness import free_port
+from ocrserve.engine_server import REPLICA_HEADER
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
 from ocrserve.engines.vllm import Replica as VllmReplica
 from ocrserve.engines.vllm import read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
-from ocrserve.gpu.engine_server import REPLICA_HEADER
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
 from tests import samples

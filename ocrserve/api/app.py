@@ -13,7 +13,7 @@ from ocrserve import __version__, metrics
 from ocrserve.alarm import within
 from ocrserve.api import jobs, problems, routes, web
 from ocrserve.api.auth import Gate, ProtectOps, ops_paths
-from ocrserve.api.limits import BodyLimitMiddleware
+from ocrserve.api.body_limits import BodyLimitMiddleware
 from ocrserve.api.observe import MetricsMiddleware
 from ocrserve.api.ratelimit import RateLimitHeaders
 from ocrserve.api.requestid import RequestIdMiddleware

@@ -21,7 +21,7 @@ from ocrserve.api.problems import problem_response
 from ocrserve.api.ratelimit import Limit, RateLimiter, SharedRateLimiter, Verdict, advertise
 from ocrserve.api.tenants import KeyRing, Principal
 from ocrserve.config import Config
-from ocrserve.errors import Problem, TooManyRequests
+from ocrserve.errors import ProblemError, TooManyRequests
 from ocrserve.store import open_buckets
 
 #: ``request.state`` attribute holding the request's :class:`Principal` once authenticated.
@@ -33,7 +33,7 @@ FAILED_AUTH_SETTING = "server.rate_limit.failed_auth_per_s and failed_auth_burst
 METRICS_PATH = "/metrics"
 
 
-class Unauthorized(Problem):
+class Unauthorized(ProblemError):
     """401: no credentials were sent."""
 
     status = 401
@@ -41,7 +41,7 @@ class Unauthorized(Problem):
     title = "Unauthorized"
 
 
-class Forbidden(Problem):
+class Forbidden(ProblemError):
     """403: the credentials sent are not valid."""
 
     status = 403
@@ -221,6 +221,6 @@ class ProtectOps:
         if scope["type"] == "http" and scope["path"] in self.paths:
             try:
                 await require_api_key(Request(scope, receive))
-            except Problem as problem:
+            except ProblemError as problem:
                 return await problem_response(problem)(scope, receive, send)
         await self.app(scope, receive, send)

@@ -23,17 +23,17 @@ from ocrserve.api.params import AnyCaseFormat, IdempotencyKey, JobParams, job_pa
 from ocrserve.api.problems import PROBLEM_JSON
 from ocrserve.api.schemas import Problem as ProblemSchema
 from ocrserve.api.uploads import RAW_BODY_OPENAPI, UploadRoute, form_limits, job_uploads
-from ocrserve.errors import NotFound, Problem
+from ocrserve.errors import NotFound, ProblemError
 from ocrserve.jobs.intake import Upload
 from ocrserve.jobs.results import job_result, job_status
 from ocrserve.jobs.runtime import Jobs
-from ocrserve.store.records import Job, JobStatus
+from ocrserve.store.job_records import Job, JobStatus
 
 #: Seconds between keep-alive comments on an idle event stream.
 SSE_PING_S = 15
 
 
-class JobConflict(Problem):
+class JobConflict(ProblemError):
     """409: the job is not in a state that allows the request (result before the end, cancel after it)."""
 
     status = 409

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ocrserve import metrics
-from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, Problem, TooManyRequests
+from ocrserve.errors import PROBLEM_BASE, BadRequest, ClientGone, ProblemError, TooManyRequests
 from ocrserve.logs import current_request_id
 from ocrserve.store.health import FAULT_TYPES
 
@@ -30,12 +30,12 @@ def with_request_id(body: dict) -> dict:
     return {**body, "request_id": request_id} if request_id else body
 
 
-def problem_body(problem: Problem) -> dict:
+def problem_body(problem: ProblemError) -> dict:
     """The problem-details body of ``problem`` for the current request (:func:`with_request_id`)."""
     return with_request_id(problem.to_dict())
 
 
-def problem_response(problem: Problem) -> JSONResponse:
+def problem_response(problem: ProblemError) -> JSONResponse:
     """``application/problem+json`` response for ``problem``, with its extra headers."""
     return JSONResponse(
         problem_body(problem), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON
@@ -47,7 +47,7 @@ def _generic(status: int, title: str, detail: str, slug: str, headers: dict | No
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 
-async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
+async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
     if exc.status == 413:
         count_too_large()
     elif isinstance(exc, TooManyRequests):  # refused before any lane: a rate limit or a tenant's quota
@@ -109,7 +109,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     """Register the problem-details handlers on ``app``."""
-    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(ClientDisconnect, _on_disconnect)

@@ -5,7 +5,11 @@ uvicorn closes only idle keep-alive connections (``timeout_keep_alive``, between
 that connects and sends nothing, or sends its request headers a byte at a time (slowloris), holds
 its connection, and a slot of the server's file descriptors, as long as it likes; and httptools
 sets no bound on the headers' size. The request body has its own limits
-(:mod:`ocrserve.api.limits`); this closes the gap before it.
+(:mod:`ocrserve.api.body_limits`); this closes the gap before it.
+
+uvicorn offers no public hook before the headers are complete (an ASGI app or middleware runs only
+after), so this subclasses its httptools protocol, an internal of uvicorn: ``pyproject.toml`` pins
+uvicorn to the releases tested and ``tests/test_uvicorn_private.py`` checks what this relies on.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ import logging
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ocrserve.errors import BadRequest, Problem, RequestTimeout
+from ocrserve.errors import BadRequest, ProblemError, RequestTimeout
 
 log = logging.getLogger(__name__)
 
 
-class HeadersTooLarge(Problem):
+class HeadersTooLarge(ProblemError):
     """431 (RFC 6585 section 5): the request's header fields exceed ``server.max_header_kb``."""
 
     status = 431
@@ -84,7 +88,7 @@ class GatewayProtocol(HttpToolsProtocol):
         """uvicorn's answer to a request httptools could not parse (or whose headers were too large),
         as a problem; the connection closes."""
         if self._header_bytes > self.max_header_bytes:
-            problem: Problem = self._headers_too_large()
+            problem: ProblemError = self._headers_too_large()
         else:
             problem = BadRequest("the request is not valid HTTP/1.1 (malformed request line or header)")
         self._disarm()
@@ -120,7 +124,7 @@ class GatewayProtocol(HttpToolsProtocol):
         else:
             self.cycle.keep_alive = False
 
-    def _problem_response(self, problem: Problem) -> bytes:
+    def _problem_response(self, problem: ProblemError) -> bytes:
         """``problem`` as a problem-details response with ``Connection: close``, bytes on the wire."""
         body = json.dumps(problem.to_dict()).encode()
         headers = [

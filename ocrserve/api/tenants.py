@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ocrserve.api.ratelimit import Limit
 from ocrserve.config import ApiKey, Config
-from ocrserve.store.records import ANONYMOUS
+from ocrserve.store.job_records import ANONYMOUS
 
 #: The policy name of the per-key request limit in the RateLimit fields.
 REQUESTS_POLICY = "requests"

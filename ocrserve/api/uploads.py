@@ -5,7 +5,7 @@ FastAPI parses a form body before it solves a route's dependencies, and turns an
 that parse into a bare 400. :class:`UploadRoute` parses it first instead, after the API key
 check, under the gateway's own limits, so that a refused key is refused before the upload is
 read, too many files is a problem naming its setting, a client gone mid-upload is a 499 and a
-body above ``server.max_upload_mb`` a 413 (:class:`~ocrserve.api.limits.BodyLimitMiddleware`).
+body above ``server.max_upload_mb`` a 413 (:class:`~ocrserve.api.body_limits.BodyLimitMiddleware`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 No gateway and no job store: a command takes files and folders, spreads their pages over a Ray
 cluster (or a local Ray) and writes one result per document under ``--out``, with a manifest.
 
-- :mod:`ocrserve.batch.records`: what a run leaves behind: results written atomically, the done
+- :mod:`ocrserve.batch.output_folder`: what a run leaves behind: results written atomically, the done
   record of each result (its resume key), the manifest (one JSON line per document).
 - :mod:`ocrserve.batch.stages`: the work of each stage, free of Ray: inspect a document, decode
   a chunk of its pages (the gateway's preprocessor functions and limits), OCR pages in a worker

@@ -38,7 +38,7 @@ from ray.util.annotations import RayDeprecationWarning
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ocrserve.batch.records import MANIFEST, Entry, Manifest, OutputFolder
+from ocrserve.batch.output_folder import MANIFEST, Manifest, ManifestEntry, OutputFolder
 from ocrserve.batch.stages import Assembler, OcrWorker, decode_row, inspect_row
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
@@ -80,7 +80,7 @@ class Summary:
             nothing was left to do.
     """
 
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[ManifestEntry] = field(default_factory=list)
     seconds: float = 0.0
     ocr_seconds: float = 0.0
 
@@ -158,7 +158,7 @@ def run_batch(
     config: Config,
     options: Options = Options(),
     *,
-    on_entry: Callable[[Entry], None] = lambda entry: None,
+    on_entry: Callable[[ManifestEntry], None] = lambda entry: None,
     console: Console | None = None,
 ) -> Summary:
     """OCR ``documents`` on the Ray this process is connected to (see :func:`ray_cluster`).
@@ -187,7 +187,7 @@ def run_batch(
     manifest = Manifest(folder.root / MANIFEST)
     summary = Summary()
 
-    def record(entry: Entry) -> None:
+    def record(entry: ManifestEntry) -> None:
         manifest.add(entry)
         summary.entries.append(entry)
         on_entry(entry)
@@ -225,7 +225,7 @@ def _inspect(
     model: str,
     options: Options,
     progress: Progress,
-    record: Callable[[Entry], None],
+    record: Callable[[ManifestEntry], None],
 ) -> list[_Todo]:
     """Execution 1: every document inspected; records the failed ones and those whose done record
     holds their resume key (skipped), returns the others."""
@@ -238,7 +238,7 @@ def _inspect(
     for row in rows.iter_rows():
         progress.advance(bar)
         if row["failed"]:
-            record(Entry.from_json(row["failed"]))
+            record(ManifestEntry.from_json(row["failed"]))
         elif (done := folder.done(row["output"], row["key"])) is not None:
             record(done.skipped(row["document"]))
         else:
@@ -255,14 +255,16 @@ def _ocr(
     options: Options,
     calls: int,
     progress: Progress,
-    record: Callable[[Entry], None],
+    record: Callable[[ManifestEntry], None],
 ) -> None:
     """Execution 2: the pages of the documents in ``todo`` decoded, OCR'd and assembled; each
     document's result written and its entry recorded as its last page arrives. Each OCR actor
     works on ``calls`` pages at once (a batch of one page per call)."""
     assembler = Assembler(model)
     for doc in todo:
-        assembler.expect(Entry(doc.document, doc.output, "", len(doc.indices), engine=model, key=doc.key), doc.indices)
+        assembler.expect(
+            ManifestEntry(doc.document, doc.output, "", len(doc.indices), engine=model, key=doc.key), doc.indices
+        )
     chunks = [
         {"document": doc.document, "info": doc.info, "indices": doc.indices[i : i + PAGES_PER_TASK]}
         for doc in todo
@@ -297,7 +299,9 @@ def _ocr(
             record(entry)
 
 
-def _write(folder: OutputFolder, entry: Entry, result: dict, fmt: str, record: Callable[[Entry], None]) -> None:
+def _write(
+    folder: OutputFolder, entry: ManifestEntry, result: dict, fmt: str, record: Callable[[ManifestEntry], None]
+) -> None:
     """Write one assembled document (not a failed one) and record its entry."""
     if entry.status != "failed":
         try:

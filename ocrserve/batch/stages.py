@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ocrserve.batch.records import Entry, document_error, page_errors, resume_key
+from ocrserve.batch.output_folder import ManifestEntry, document_error, page_errors, resume_key
 from ocrserve.client import file_sha256
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
-from ocrserve.errors import Problem
+from ocrserve.errors import ProblemError
 from ocrserve.formats import assemble_result
 from ocrserve.pages import Page, PageResult
 from ocrserve.pipeline import attempt_page
@@ -64,9 +64,9 @@ def inspect_row(row: dict, *, config: Config, model: str, pages: str | None) -> 
         sha256 = file_sha256(Path(document))
         info = inspect_document(document, config.preprocess)
         indices = info.select(pages, config.preprocess)
-    except (Problem, OSError) as exc:
-        problem = exc.to_dict() if isinstance(exc, Problem) else _os_problem(exc)
-        entry = Entry(document, output, "failed", errors=document_error(problem), engine=model)
+    except (ProblemError, OSError) as exc:
+        problem = exc.to_dict() if isinstance(exc, ProblemError) else _os_problem(exc)
+        entry = ManifestEntry(document, output, "failed", errors=document_error(problem), engine=model)
         return {**row, "key": "", "indices": [], "info": b"", "failed": entry.to_json()}
     key = resume_key(sha256, indices, model, config.preprocess)
     return {**row, "key": key, "indices": indices, "info": pickle.dumps(info), "failed": ""}
@@ -94,7 +94,7 @@ def decode_row(row: dict, *, config: Config) -> list[dict]:
     indices = [int(i) for i in row["indices"]]
     try:
         decoded = decode_pages(row["document"], info, indices, config.preprocess)
-    except Problem as problem:
+    except ProblemError as problem:
         decoded = [DecodeFailure(i, problem) for i in indices]
     return [{"document": row["document"], "page": pickle.dumps(page, protocol=5)} for page in decoded]
 
@@ -156,7 +156,7 @@ class OcrWorker:
 class _Pending:
     """A document whose pages are coming back."""
 
-    entry: Entry
+    entry: ManifestEntry
     indices: frozenset[int]
     pages: dict[int, dict] = field(default_factory=dict)
     workers: set[str] = field(default_factory=set)
@@ -173,11 +173,11 @@ class Assembler:
         self.model = model
         self._pending: dict[str, _Pending] = {}
 
-    def expect(self, entry: Entry, indices: list[int]) -> None:
+    def expect(self, entry: ManifestEntry, indices: list[int]) -> None:
         """Wait for the pages ``indices`` of ``entry.document`` (``entry`` has its output and key)."""
         self._pending[entry.document] = _Pending(entry, frozenset(indices))
 
-    def add(self, row: dict) -> tuple[Entry, dict] | None:
+    def add(self, row: dict) -> tuple[ManifestEntry, dict] | None:
         """Take one page row of the OCR stage (``document``, ``page`` JSON, ``ocr``, ``worker``).
 
         Returns:
@@ -197,7 +197,7 @@ class Assembler:
         del self._pending[row["document"]]
         return self._finish(pending)
 
-    def _finish(self, pending: _Pending) -> tuple[Entry, dict]:
+    def _finish(self, pending: _Pending) -> tuple[ManifestEntry, dict]:
         pages = [pending.pages[i] for i in sorted(pending.pages)]
         seconds = sum(p["timings"].get("preprocess_s", 0.0) + p["timings"].get("engine_s", 0.0) for p in pages)
         errors = page_errors(pages)
@@ -207,7 +207,7 @@ class Assembler:
         )
         return entry, assemble_result(pages, self.model, LANE, seconds, result_id=entry.key)
 
-    def unfinished(self, problem: dict) -> list[Entry]:
+    def unfinished(self, problem: dict) -> list[ManifestEntry]:
         """The entries of every document still missing pages, ``failed`` with ``problem`` (the run
         stopped before they were done); they are forgotten."""
         entries = [

@@ -28,7 +28,7 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
-class Document:
+class LoadDocument:
     """A document the load sends: its name (unique in the load: its path relative to the folder it
     was found in), bytes and page count (learned from a first request)."""
 
@@ -38,7 +38,7 @@ class Document:
 
 
 @dataclass
-class Outcome:
+class RequestOutcome:
     """One request: its document's name, HTTP status (0: no answer), seconds end to end, and for a
     200 the pages done, the text, and per page its queue wait and engine seconds; in an open loop,
     also when it was sent (seconds after the point began); and the completion tokens of each page
@@ -74,7 +74,7 @@ class Measurement:
     mode: str
     value: float
     seconds: float
-    outcomes: list[Outcome]
+    outcomes: list[RequestOutcome]
     setting: str = ""
     offered: float = math.nan
 
@@ -134,26 +134,26 @@ def _round(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def load_documents(found: dict[Path, Path]) -> list[Document]:
+def load_documents(found: dict[Path, Path]) -> list[LoadDocument]:
     """The documents of :func:`ocrserve.client.collect_documents` (path -> unique name) with their
     bytes, pages unknown (0) until :func:`count_pages`."""
-    return [Document(str(name), path.read_bytes(), 0) for path, name in found.items()]
+    return [LoadDocument(str(name), path.read_bytes(), 0) for path, name in found.items()]
 
 
-async def send(client: httpx.AsyncClient, document: Document, **form: str) -> Outcome:
+async def send(client: httpx.AsyncClient, document: LoadDocument, **form: str) -> RequestOutcome:
     """``POST /v1/ocr`` of one document with the ``form`` fields (e.g. ``priority="bulk"``); never
     raises for the server's answer or its absence."""
     started = time.monotonic()
     try:
         response = await client.post("/v1/ocr", files={"file": (Path(document.name).name, document.data)}, data=form)
     except httpx.HTTPError:
-        return Outcome(document.name, 0, time.monotonic() - started)
+        return RequestOutcome(document.name, 0, time.monotonic() - started)
     seconds = time.monotonic() - started
     if response.status_code != 200:
-        return Outcome(document.name, response.status_code, seconds)
+        return RequestOutcome(document.name, response.status_code, seconds)
     result = response.json()
     timings = [page.get("timings", {}) for page in result["pages"]]
-    return Outcome(
+    return RequestOutcome(
         document.name,
         200,
         seconds,
@@ -169,7 +169,7 @@ async def send(client: httpx.AsyncClient, document: Document, **form: str) -> Ou
     )
 
 
-async def count_pages(client: httpx.AsyncClient, documents: list[Document]) -> list[Document]:
+async def count_pages(client: httpx.AsyncClient, documents: list[LoadDocument]) -> list[LoadDocument]:
     """Each document with its page count, from one request each (which also warms the path).
 
     Raises:
@@ -181,20 +181,20 @@ async def count_pages(client: httpx.AsyncClient, documents: list[Document]) -> l
         if outcome.status != 200:
             answer = outcome.status or "nothing"
             raise RuntimeError(f"{document.name}: the server answered {answer} to a warm-up request")
-        counted.append(Document(document.name, document.data, outcome.pages))
+        counted.append(LoadDocument(document.name, document.data, outcome.pages))
     return counted
 
 
 async def closed_loop(
     client: httpx.AsyncClient,
-    documents: list[Document],
+    documents: list[LoadDocument],
     concurrency: int,
     seconds: float,
-    tick: Callable[[Outcome], None] = lambda _: None,
+    tick: Callable[[RequestOutcome], None] = lambda _: None,
 ) -> Measurement:
     """``concurrency`` workers, each sending the documents round robin one after another, starting
     requests for ``seconds``; requests in progress then are awaited and counted."""
-    outcomes: list[Outcome] = []
+    outcomes: list[RequestOutcome] = []
     started = time.monotonic()
     stop_at = started + seconds
 
@@ -212,21 +212,21 @@ async def closed_loop(
 
 async def open_loop(
     client: httpx.AsyncClient,
-    documents: list[Document],
+    documents: list[LoadDocument],
     rate: float,
     seconds: float,
     seed: int = 0,
-    tick: Callable[[Outcome], None] = lambda _: None,
+    tick: Callable[[RequestOutcome], None] = lambda _: None,
 ) -> Measurement:
     """Requests arrive as a Poisson process offering ``rate`` pages/s (``rate`` / mean pages a
     document requests a second) for ``seconds``, whatever the server's answers; every request is
     then awaited."""
     rng = random.Random(seed)
     requests_per_s = rate / statistics.fmean(d.pages for d in documents)
-    outcomes: list[Outcome] = []
+    outcomes: list[RequestOutcome] = []
     tasks: list[asyncio.Task] = []
 
-    async def one(document: Document, sent_s: float) -> None:
+    async def one(document: LoadDocument, sent_s: float) -> None:
         outcome = await send(client, document)
         outcome.sent_s = sent_s
         outcomes.append(outcome)

@@ -17,12 +17,12 @@ from collections.abc import Callable
 import httpx
 
 from ocrserve.bench.harness import percentile
-from ocrserve.bench.load import Document, Outcome, send
+from ocrserve.bench.load import LoadDocument, RequestOutcome, send
 
 
 async def stream(
-    client: httpx.AsyncClient, page: Document, interval: float, until: float, tick: Callable
-) -> list[Outcome]:
+    client: httpx.AsyncClient, page: LoadDocument, interval: float, until: float, tick: Callable
+) -> list[RequestOutcome]:
     """One interactive request of ``page`` every ``interval`` seconds until the monotonic instant ``until``."""
     outcomes = []
     while time.monotonic() < until:
@@ -34,10 +34,10 @@ async def stream(
 
 
 async def flood(
-    client: httpx.AsyncClient, documents: list[Document], clients: int, until: float, tick: Callable
-) -> list[Outcome]:
+    client: httpx.AsyncClient, documents: list[LoadDocument], clients: int, until: float, tick: Callable
+) -> list[RequestOutcome]:
     """``clients`` workers posting ``documents`` round robin with ``priority=bulk`` until ``until``."""
-    outcomes: list[Outcome] = []
+    outcomes: list[RequestOutcome] = []
 
     async def worker(offset: int) -> None:
         index = offset
@@ -51,18 +51,18 @@ async def flood(
     return outcomes
 
 
-def _pages_per_s(outcomes: list[Outcome], seconds: float) -> float:
+def _pages_per_s(outcomes: list[RequestOutcome], seconds: float) -> float:
     return sum(o.pages for o in outcomes if o.status == 200) / seconds
 
 
-def _p95(outcomes: list[Outcome]) -> float:
+def _p95(outcomes: list[RequestOutcome]) -> float:
     return percentile([o.seconds for o in outcomes if o.status == 200], 95)
 
 
 async def mixed(
     client: httpx.AsyncClient,
-    page: Document,
-    documents: list[Document],
+    page: LoadDocument,
+    documents: list[LoadDocument],
     clients: int,
     interval: float,
     seconds: float,

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ocrserve.batch.records import MANIFEST, Entry
+from ocrserve.batch.output_folder import MANIFEST, ManifestEntry
 from ocrserve.cli.common import Overrides, documents_or_exit, err_console, load_or_exit, require_extra
 from ocrserve.cli.ocr import SUFFIX
 from ocrserve.engines import create_engine
@@ -113,11 +113,11 @@ def batch(
         raise typer.Exit(2) from None
     outputs = {doc: str(name.with_name(name.name + FORMATS[format])) for doc, name in docs.items()}
     options = Options(fmt=format, pages=pages, actors=actors, retries=retries)
-    recorded: list[Entry] = []  # this run's manifest lines (the file holds the last run's until it starts)
+    recorded: list[ManifestEntry] = []  # this run's manifest lines (the file holds the last run's until it starts)
     try:
         with ray_cluster(ray_address), _signals_as_interrupt() as received:
 
-            def record(entry: Entry) -> None:
+            def record(entry: ManifestEntry) -> None:
                 recorded.append(entry)
                 if received:  # a signal whose exception Python swallowed (see _signals_as_interrupt)
                     raise _interrupt(received[0])

@@ -20,7 +20,15 @@ from rich.table import Table
 from ocrserve.bench.analysis import KNEE_GAIN, curves, knee, recommend
 from ocrserve.bench.capacity import TARGET_UTILIZATION, ServiceModel, Work, in_flight, replicas, serve, simulate
 from ocrserve.bench.harness import LocalGateway, percentile
-from ocrserve.bench.load import Document, Measurement, closed_loop, count_pages, http_client, load_documents, open_loop
+from ocrserve.bench.load import (
+    LoadDocument,
+    Measurement,
+    closed_loop,
+    count_pages,
+    http_client,
+    load_documents,
+    open_loop,
+)
 from ocrserve.bench.mixed import mixed
 from ocrserve.bench.report import cost, plot_capacity, quality, write, write_mixed
 from ocrserve.cli.common import Overrides, documents_or_exit, err_console, require_extra
@@ -112,7 +120,7 @@ def _stop(progress: Progress) -> None:
     progress.stop()
 
 
-async def _client_sweep(url: str, documents: list[Document], run: Run, point) -> list[Measurement]:
+async def _client_sweep(url: str, documents: list[LoadDocument], run: Run, point) -> list[Measurement]:
     measured = []
     async with http_client(url, OPEN_LOOP_CONNECTIONS, run.api_key) as client:
         documents = await count_pages(client, documents)
@@ -123,7 +131,7 @@ async def _client_sweep(url: str, documents: list[Document], run: Run, point) ->
     return measured
 
 
-async def _server_point(url, documents: list[Document], concurrency: int, seconds: float, setting: str, point):
+async def _server_point(url, documents: list[LoadDocument], concurrency: int, seconds: float, setting: str, point):
     async with http_client(url, concurrency) as client:
         documents = await count_pages(client, documents)
         measurement = await closed_loop(client, documents, concurrency, seconds, point(setting))
@@ -257,7 +265,7 @@ class Run:
         return int(max(self.concurrencies))
 
 
-def _bench_mixed(documents: list[Document], run: Run, out: Path) -> None:
+def _bench_mixed(documents: list[LoadDocument], run: Run, out: Path) -> None:
     settings = _grid(run.sweep) or [""]
     rows = [_mixed_run(run, setting, documents) for setting in settings]
     _print_mixed(rows)
@@ -281,7 +289,7 @@ def _bench_sweep(documents, run: Run, p95, knee_gain, max_cer_drift, cost_per_ho
     raise typer.Exit(1 if report["quality"].get("flagged") else 0)
 
 
-def _mixed_run(run: Run, setting: str, documents: list[Document]) -> dict:
+def _mixed_run(run: Run, setting: str, documents: list[LoadDocument]) -> dict:
     """The mixed scenario against ``run.url``, or a gateway started for ``setting`` (or when no url)."""
     started = setting or not run.url
     gateway = (
@@ -299,7 +307,7 @@ def _mixed_run(run: Run, setting: str, documents: list[Document]) -> dict:
     return {"setting": setting} | figures
 
 
-async def _mixed_async(url: str, documents: list[Document], run: Run, point) -> dict:
+async def _mixed_async(url: str, documents: list[LoadDocument], run: Run, point) -> dict:
     async with http_client(url, run.clients + 1, run.api_key) as client:
         documents = await count_pages(client, documents)
         singles = [d for d in documents if d.pages == 1]
@@ -338,7 +346,7 @@ def _print_mixed(rows: list[dict]) -> None:
     Console().print(table)
 
 
-def _run_client(run: Run, documents: list[Document]) -> list[Measurement]:
+def _run_client(run: Run, documents: list[LoadDocument]) -> list[Measurement]:
     gateway = None if run.url else LocalGateway(*run.overrides, profile=run.profile).wait_ready(GATEWAY_START_S)
     progress, point = _progress(len(run.concurrencies) + len(run.rates))
     try:
@@ -349,7 +357,7 @@ def _run_client(run: Run, documents: list[Document]) -> list[Measurement]:
             gateway.stop()
 
 
-def _run_sweep(run: Run, settings: list[str], documents: list[Document]) -> list[Measurement]:
+def _run_sweep(run: Run, settings: list[str], documents: list[LoadDocument]) -> list[Measurement]:
     measured = []
     progress, point = _progress(len(settings))
     try:

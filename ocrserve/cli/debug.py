@@ -26,7 +26,7 @@ from rich.table import Table
 from ocrserve.cli.common import Overrides, err_console, load_or_exit, require_extra
 from ocrserve.client import OcrClient, RequestFailed
 from ocrserve.config import Config
-from ocrserve.errors import Problem
+from ocrserve.errors import ProblemError
 from ocrserve.evaluation import cer
 from ocrserve.pages import Page
 from ocrserve.preprocess import DecodeFailure, decode_pages, inspect_document
@@ -60,7 +60,7 @@ def _preprocess(file: Path, number: int, config: Config) -> tuple[Page, dict]:
         if number > info.page_count:
             raise _fail(f"{file} has {info.page_count} page(s); --page {number} is out of range")
         (decoded,) = decode_pages(file, info, [number - 1], cfg)
-    except Problem as exc:
+    except ProblemError as exc:
         raise _fail(f"{file}: {exc.detail}") from None
     if isinstance(decoded, DecodeFailure):
         raise _fail(f"{file}: {decoded.problem.detail}")

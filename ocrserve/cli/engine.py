@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ocrserve.cli.common import Overrides, load_or_exit
-from ocrserve.gpu.engine_server import serve as run_server
+from ocrserve.engine_server import serve as run_server
 
 app = typer.Typer(help="Run an OCR engine as a server of its own.", no_args_is_help=True)
 

@@ -15,15 +15,13 @@ from ocrserve.cli.plan_render import render_table
 from ocrserve.config import Config, dedupe_overrides, profile_path
 from ocrserve.engines import create_engine
 from ocrserve.extras import MissingExtra
+from ocrserve.gateway import AddressTaken, gateway_command, run_gateway
 from ocrserve.gpu.host import HostError
 from ocrserve.gpu.launcher import (
-    AddressTaken,
     VllmStartError,
-    gateway_command,
     gateway_config,
     manages_vllm,
     plan_for,
-    run_gateway,
     run_with_vllm,
     vllm_command,
 )

@@ -2,7 +2,7 @@
 
 Synchronously (``POST /v1/ocr``, one request per file; the bar counts documents), or with
 ``--async`` as durable jobs. Synchronously with ``--out``, each result is written atomically with
-its done record (:class:`ocrserve.batch.records.OutputFolder`: the input's sha256, format and
+its done record (:class:`ocrserve.batch.output_folder.OutputFolder`: the input's sha256, format and
 pages), and a run again skips the documents whose result is there as written; every run ends
 with one summary line (done, skipped, failed, not done) and how to resume. With ``--async``, every
 file is submitted first (``POST /v1/jobs``, with an ``Idempotency-Key`` from its sha256 and the
@@ -24,7 +24,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ocrserve.batch.records import Entry, OutputFolder, page_errors, render, write_atomic
+from ocrserve.batch.output_folder import ManifestEntry, OutputFolder, page_errors, render, write_atomic
 from ocrserve.cli.common import documents_or_exit, err_console
 from ocrserve.client import OcrClient, RequestFailed, idempotency_key
 
@@ -178,7 +178,7 @@ async def _run(
                     outcomes[doc] = exc
                     tally.failed += 1
                     return
-                entry = Entry(str(doc), output, "succeeded", key=key)
+                entry = ManifestEntry(str(doc), output, "succeeded", key=key)
                 outcomes[doc] = _keep(result, fmt, folder, entry)
                 tally.done += 1
                 tally.retry += folder is not None and not entry.final
@@ -205,7 +205,7 @@ async def _run(
                 await asyncio.gather(*workers, return_exceptions=True)
 
 
-def _keep(result: dict, fmt: str, folder: OutputFolder | None, entry: Entry) -> str:
+def _keep(result: dict, fmt: str, folder: OutputFolder | None, entry: ManifestEntry) -> str:
     """``result`` rendered as ``fmt``, written under ``folder`` (when given) at ``entry.output``
     with its done record when no page failed for a transient reason.
 

@@ -1,9 +1,8 @@
-"""Start ocrserve: the gateway, and for the vLLM engine the ``vllm serve`` it plans and supervises.
+"""Start ocrserve with the ``vllm serve`` it plans and supervises, the gateway in front of it.
 
-The ``onnx`` and ``transformers`` profiles, and ``vllm`` profiles that list running servers in
-``engine.vllm.base_urls``, start the gateway (uvicorn) alone: :func:`run_gateway`.
-
-A ``vllm`` profile without ``base_urls`` (``prod``) runs :func:`run_with_vllm`:
+Profiles whose gateway runs alone (``onnx``, ``transformers``, ``vllm`` with
+``engine.vllm.base_urls``) start from :func:`ocrserve.gateway.run_gateway`. A ``vllm`` profile
+without ``base_urls`` (``prod``) runs :func:`run_with_vllm`:
 
 1. :func:`plan_for` plans ``vllm serve`` (``ocrserve.gpu.planner`` fills every ``auto``; with
    ``vllm.device: cpu``, ``ocrserve.gpu.cpu_planner`` plans vLLM's CPU backend on this host,
@@ -12,48 +11,41 @@ A ``vllm`` profile without ``base_urls`` (``prod``) runs :func:`run_with_vllm`:
    ``vllm | `` prefix;
 3. the launcher waits for vLLM's ``/health``; if vLLM exits first (or ``vllm.health_timeout_s``
    passes) it stops with :class:`VllmStartError`, which ends with vLLM's last log lines;
-4. the gateway starts in this process, its engine pointed at that vLLM with the planned batch as
-   its slots (:func:`gateway_config`);
+4. the gateway (:mod:`ocrserve.gateway`) starts in this process, its engine pointed at that vLLM
+   with the planned batch as its slots (:func:`gateway_config`);
 5. if vLLM dies it is restarted after ``vllm.restart_backoff_s``, doubling on each quick failure up
    to ``vllm.restart_backoff_max_s`` (back to the start once it has stayed up that long).
    Meanwhile the engine's health poll marks it down: the gateway is not ready (503 with
    ``Retry-After``) and pages in flight fail as transient;
 6. SIGINT or SIGTERM: the gateway stops accepting and drains in-flight requests (at most
-   :data:`GRACEFUL_SHUTDOWN_S`; a second SIGINT skips the drain), then vLLM's process group gets
-   SIGTERM and, after ``vllm.stop_timeout_s``, SIGKILL, so none of its processes outlive the launcher.
+   :data:`ocrserve.gateway.GRACEFUL_SHUTDOWN_S`; a second SIGINT skips the drain), then vLLM's
+   process group gets SIGTERM and, after ``vllm.stop_timeout_s``, SIGKILL, so none of its processes
+   outlive the launcher.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import functools
 import os
 import signal
-import socket
 import sys
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import httpx
-import uvicorn
 
 from ocrserve import backoff
-from ocrserve.api import create_app
-from ocrserve.api.protocol import GatewayProtocol
-from ocrserve.config import Config, VllmConfig, dedupe_overrides
+from ocrserve.config import Config, VllmConfig
+from ocrserve.gateway import GatewayServer, listening_socket, say, uvicorn_config
 from ocrserve.gpu.cpu_planner import plan_cpu_serving
 from ocrserve.gpu.host import detect_host
 from ocrserve.gpu.lengths import load as load_lengths
 from ocrserve.gpu.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from ocrserve.gpu.planner import Plan, plan_serving
 from ocrserve.gpu.registry import resolve_gpu
-from ocrserve.logs import logging_config
 from ocrserve.models import ModelSpec, get_model
 
-#: Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before connections close.
-GRACEFUL_SHUTDOWN_S = 30
 #: Prefix of every line vLLM writes, as the launcher relays it to stderr.
 LOG_PREFIX = "vllm | "
 #: vLLM log lines kept for the error when it exits before it is healthy.
@@ -66,109 +58,9 @@ LOG_LINE_LIMIT = 1 << 20
 EXIT_POLL_S = 0.2
 
 
-def say(message: str) -> None:
-    """A launcher message on stderr, where vLLM's relayed log goes too."""
-    print(f"ocrserve: {message}", file=sys.stderr, flush=True)
-
-
 def manages_vllm(config: Config) -> bool:
     """Whether ``ocrserve launch`` starts vLLM itself: the vLLM engine with no servers listed."""
     return config.engine.kind == "vllm" and not config.engine.vllm.base_urls
-
-
-def gateway_command(config: Config, overrides: Sequence[str] = ()) -> list[str]:
-    """The gateway's equivalent command line, for ``--dry-run`` and logs: the profile, address,
-    the ``--set`` ``overrides`` it was given and, for vLLM, the servers it would reach, so that it
-    runs alone against them. Each key is set once, to its last value (:func:`dedupe_overrides`)."""
-    args = [
-        "ocrserve",
-        "launch",
-        "--profile",
-        config.profile,
-        "--host",
-        config.server.host,
-        "--port",
-        str(config.server.port),
-    ]
-    items = list(overrides)
-    client = config.engine.vllm
-    if config.engine.kind == "vllm" and client.base_urls:
-        items += [
-            f"engine.vllm.base_urls=[{','.join(client.base_urls)}]",
-            f"engine.vllm.slots_per_replica={client.slots_per_replica}",
-        ]
-    for item in dedupe_overrides(items):
-        args += ["--set", item]
-    return args
-
-
-def uvicorn_config(config: Config) -> uvicorn.Config:
-    """uvicorn settings of the gateway for ``config``: its app, address, log (``server.log_level``,
-    ``server.log_format``, ``server.log_probes``: :func:`ocrserve.logs.logging_config`), drain time,
-    the proxies trusted for the client's address (``server.forwarded_allow_ips``), and the HTTP
-    protocol with the ``server.header_timeout_s`` deadline and ``server.max_header_kb`` limit on headers."""
-    server = config.server
-    return uvicorn.Config(
-        create_app(config),
-        host=config.server.host,
-        port=config.server.port,
-        log_level=config.server.log_level,
-        log_config=logging_config(server.log_level, server.log_format, server.log_probes),
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: any local client could then pick
-        # the address its rate limits are counted against
-        proxy_headers=bool(config.server.forwarded_allow_ips),
-        forwarded_allow_ips=config.server.forwarded_allow_ips or None,
-        http=functools.partial(
-            GatewayProtocol,
-            header_timeout_s=config.server.header_timeout_s,
-            max_header_bytes=config.server.max_header_kb * 1024,
-        ),
-    )
-
-
-def listening_socket(config: Config) -> socket.socket:
-    """The gateway's socket, bound to ``server.host``:``server.port`` before anything is loaded, so
-    that a taken address fails at once rather than after the models (or vLLM) have started.
-
-    Raises:
-        AddressTaken: the address cannot be bound (in use, not local, no permission).
-    """
-    host, port = config.server.host, config.server.port
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        hint = " (is another gateway running? choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
-        raise AddressTaken(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-class AddressTaken(Exception):
-    """The gateway's address cannot be bound."""
-
-
-def run_gateway(config: Config) -> None:
-    """Serve the gateway until SIGINT/SIGTERM; in-flight requests drain first (uvicorn).
-
-    Raises:
-        AddressTaken: before any model is loaded.
-    """
-    listening = listening_socket(config)
-    GatewayServer(uvicorn_config(config)).run(sockets=[listening])
-
-
-class GatewayServer(uvicorn.Server):
-    """uvicorn serving on a socket bound beforehand (:func:`listening_socket`); uvicorn announces
-    only the sockets it binds itself, so this announces the gateway once it accepts requests."""
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if not self.should_exit:
-            say(f"gateway listening on http://{self.config.host}:{self.config.port} (Ctrl-C to stop)")
 
 
 def plan_for(config: Config) -> Plan:
@@ -435,7 +327,10 @@ async def supervise(vllm: VllmProcess, stop: asyncio.Event, cfg: VllmConfig) -> 
 
 class _Gateway(GatewayServer):
     """uvicorn with SIGINT/SIGTERM left to the launcher, which stops vLLM after the drain (uvicorn's
-    own handling re-raises the signal after shutdown, which would end the process first)."""
+    own handling re-raises the signal after shutdown, which would end the process first).
+
+    ``capture_signals`` is an internal of uvicorn's ``Server``: ``pyproject.toml`` pins uvicorn to the
+    releases tested and ``tests/test_uvicorn_private.py`` checks that ``serve`` still goes through it."""
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -450,7 +345,7 @@ def run_with_vllm(config: Config, plan: Plan) -> int:
 
     Raises:
         VllmStartError: vLLM did not become healthy the first time.
-        AddressTaken: the gateway's address cannot be bound (checked before vLLM starts).
+        ocrserve.gateway.AddressTaken: the gateway's address cannot be bound (checked before vLLM starts).
         SystemExit: the gateway could not start (uvicorn's status); vLLM is stopped first.
     """
     return asyncio.run(_serve_with_vllm(config, plan))

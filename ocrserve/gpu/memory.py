@@ -110,7 +110,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Engine:
+class VllmEngineArgs:
     """What the planned ``vllm serve`` is, beyond the model and the GPU.
 
     Attributes:
@@ -211,7 +211,7 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def _batched_tokens(budget: Budget, engine: Engine) -> int:
+def _batched_tokens(budget: Budget, engine: VllmEngineArgs) -> int:
     """``--max-num-batched-tokens``: the given one, else one page's prefill, at least :data:`MIN_BATCHED_TOKENS`."""
     if engine.max_num_batched_tokens:
         return engine.max_num_batched_tokens
@@ -227,7 +227,7 @@ def encoder_items(batched: int, visual: int) -> int:
 
 
 def memory_for(
-    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: Engine, tp: int = 1, pp: int = 1
+    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: VllmEngineArgs, tp: int = 1, pp: int = 1
 ) -> Memory:
     act = ACTIVATION_BYTES
     batched = _batched_tokens(budget, engine)
@@ -275,7 +275,7 @@ def page_budget(model: ModelSpec, min_pixels: int | None, max_pixels: int | None
     return Budget(lo, hi, out, model.max_visual_tokens(lo, hi), model.prompt_tokens())
 
 
-def engine_for(vllm_version: str | None, overrides: Mapping[str, object]) -> Engine:
+def engine_for(vllm_version: str | None, overrides: Mapping[str, object]) -> VllmEngineArgs:
     """The planned engine: the release's accounting and the overrides that enter the arithmetic."""
     try:
         accounting = accounting_for(vllm_version)
@@ -285,7 +285,7 @@ def engine_for(vllm_version: str | None, overrides: Mapping[str, object]) -> Eng
     kv_dtype = str(overrides.get("kv_cache_dtype") or "auto")
     if kv_dtype not in KV_CACHE_DTYPE_BYTES:
         raise PlanError(f"vllm.kv_cache_dtype={kv_dtype!r}: the planner sizes {', '.join(KV_CACHE_DTYPE_BYTES)}")
-    return Engine(
+    return VllmEngineArgs(
         accounting,
         kv_cache_dtype=kv_dtype,
         enforce_eager=overrides.get("enforce_eager") is True,
@@ -293,8 +293,8 @@ def engine_for(vllm_version: str | None, overrides: Mapping[str, object]) -> Eng
     )
 
 
-def check_headroom(gpu: GpuSpec, util: float, engine: Engine) -> None:
-    """Refuse a utilization that leaves less than :meth:`Engine.headroom_needed` outside it: vLLM
+def check_headroom(gpu: GpuSpec, util: float, engine: VllmEngineArgs) -> None:
+    """Refuse a utilization that leaves less than :meth:`VllmEngineArgs.headroom_needed` outside it: vLLM
     would not start (free memory after the CUDA context below ``total x utilization``)."""
     need = engine.headroom_needed()
     headroom = gpu.memory_bytes * (1 - util)
@@ -391,7 +391,7 @@ def predict_startup(
 
 
 def _startup_error(
-    gpu: GpuSpec, util: float, engine: Engine, mem: Memory, kv_bytes: int, max_model_len: int
+    gpu: GpuSpec, util: float, engine: VllmEngineArgs, mem: Memory, kv_bytes: int, max_model_len: int
 ) -> str | None:
     """vLLM's reason to refuse these flags at start-up, or ``None``."""
     try:

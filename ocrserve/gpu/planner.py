@@ -37,9 +37,9 @@ from ocrserve.gpu.memory import (
     NCCL_RESERVE,
     NON_TORCH_RESERVE,
     Budget,
-    Engine,
     Memory,
     PlanError,
+    VllmEngineArgs,
     check_headroom,
     engine_for,
     gib,
@@ -244,7 +244,7 @@ def _p95_cap(model: ModelSpec, gpu: GpuSpec, mem: Memory, budget: Budget, target
     return cap, derivation
 
 
-def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: Engine, need: int) -> str:
+def _suggest(model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: VllmEngineArgs, need: int) -> str:
     """What would fit ``need`` pages at once: a smaller pixel budget, a smaller output budget, or a GPU."""
     ideas = []
     if model.supports_pixel_budget and budget.max_pixels:
@@ -302,7 +302,14 @@ def weights_derivation(model: ModelSpec, shards: str) -> str:
 
 
 def _memory_steps(
-    model: ModelSpec, gpu: GpuSpec, util: float, mem: Memory, budget: Budget, engine: Engine, seqs: int, shards: str
+    model: ModelSpec,
+    gpu: GpuSpec,
+    util: float,
+    mem: Memory,
+    budget: Budget,
+    engine: VllmEngineArgs,
+    seqs: int,
+    shards: str,
 ) -> list[Step]:
     act_expr = f"(4 x {model.hidden_size} + 3 x {model.intermediate_size}) x {ACTIVATION_BYTES} B"
     venc = f"(4 x {model.vision_hidden_size} + 3 x {model.vision_intermediate_size}) x {ACTIVATION_BYTES} B"
@@ -403,7 +410,7 @@ def _memory_steps(
 
 
 def _layouts(
-    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: Engine, n: int
+    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: VllmEngineArgs, n: int
 ) -> tuple[str, list[Step]]:
     """Compare replicas, tensor and pipeline parallelism over ``n`` GPUs; return the choice and why."""
     page = budget.page_tokens
@@ -489,7 +496,7 @@ def _check_gpu_arguments(gpu_memory_utilization: float, gpus: int, overrides: Ma
 
 
 def _does_not_fit(
-    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: Engine, mem: Memory
+    model: ModelSpec, gpu: GpuSpec, util: float, budget: Budget, engine: VllmEngineArgs, mem: Memory
 ) -> PlanError:
     """The error for a model of which not one page fits: why, and what would fit."""
     if mem.weights >= mem.usable:
@@ -773,7 +780,7 @@ def _concurrency_steps(c: Concurrency, budget: Budget, target: float) -> list[St
 
 
 def page_steps(
-    model: ModelSpec, budget: Budget, engine: Engine, vllm_version: str | None, *, max_tokens_given: bool
+    model: ModelSpec, budget: Budget, engine: VllmEngineArgs, vllm_version: str | None, *, max_tokens_given: bool
 ) -> list[Step]:
     """The plan's first steps, alike for a GPU and a CPU host: the vLLM release planned for, then one
     page's tokens (visual at the pixel budget, prompt, output budget, and their sum).
@@ -925,7 +932,7 @@ def _check_model_len(value: int, model: ModelSpec, kv_tokens: int) -> None:
         )
 
 
-def admission_steps(args: dict[str, object], engine: Engine, budget: Budget, in_flight: int) -> list[Step]:
+def admission_steps(args: dict[str, object], engine: VllmEngineArgs, budget: Budget, in_flight: int) -> list[Step]:
     """Bound vLLM's own queue where the release can (``--max-num-queued-reqs`` counts waiting and
     running requests, ``--max-num-queued-tokens`` prompt tokens in prefill; over either vLLM answers
     503, which the gateway takes as backpressure): to the pages the gateway keeps in flight."""
@@ -963,7 +970,7 @@ def admission_steps(args: dict[str, object], engine: Engine, budget: Budget, in_
     ]
 
 
-def check_release(model: ModelSpec, engine: Engine, warnings: list[str]) -> None:
+def check_release(model: ModelSpec, engine: VllmEngineArgs, warnings: list[str]) -> None:
     """Refuse a release older than the model needs (the registry's ``min_vllm``); warn about one
     newer than the planner has read (its rules are taken as the newest's)."""
     release = engine.accounting.version

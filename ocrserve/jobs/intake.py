@@ -31,7 +31,7 @@ from ocrserve.store.base import JobStore
 from ocrserve.store.cache import DedupCache
 from ocrserve.store.files import DataDir
 from ocrserve.store.health import StoreHealth
-from ocrserve.store.records import ANONYMOUS, Document, Job, JobStatus, Outcome, PageState
+from ocrserve.store.job_records import ANONYMOUS, Job, JobDocument, JobStatus, PageOutcome, PageState
 
 #: Longest ``Idempotency-Key`` accepted, characters.
 MAX_IDEMPOTENCY_KEY = 255
@@ -135,7 +135,7 @@ class Intake:
                 running ones above this; 0 = no quota.
 
         Raises:
-            Problem: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
+            ProblemError: 400 (no file, bad parameter, refused webhook), 413/415 (a document),
                 409 (``IdempotencyConflict``), 429 (the quota), 503 with ``Retry-After`` (the job
                 store fails), 507 (the data folder is full); a refused job leaves no file behind.
         """
@@ -163,7 +163,7 @@ class Intake:
             for path in staged:
                 path.unlink(missing_ok=True)  # adopted ones have moved already
 
-    async def _document(self, upload: Upload, pages: str | None, staged: list[Path]) -> Document:
+    async def _document(self, upload: Upload, pages: str | None, staged: list[Path]) -> JobDocument:
         """Stage, hash and inspect one upload."""
         hasher = hashlib.sha256()
         with self.health.guard():
@@ -172,10 +172,10 @@ class Intake:
         info = await self.preprocessor.inspect(path, self.config.router.bulk.priority)
         indices = info.select(pages, self.config.preprocess)
         sha256 = hasher.hexdigest()
-        return Document.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
+        return JobDocument.from_info(upload.name, sha256, size, info, indices, self.cache.key(sha256, indices))
 
     async def _store(
-        self, documents: list[Document], staged: list[Path], terms: dict, key: str, tenant: str, quota: int
+        self, documents: list[JobDocument], staged: list[Path], terms: dict, key: str, tenant: str, quota: int
     ) -> Submission:
         """Store the job; ``terms`` holds its ``pages``, ``priority``, ``webhook_url`` and ``timeout``
         (0 = none), which with the documents make the request an ``Idempotency-Key`` stands for."""
@@ -212,10 +212,10 @@ class Intake:
             self.on_submit()
         return Submission(stored, True, all(d.cached for d in stored.documents))
 
-    async def _from_cache(self, job: Job) -> dict[int, Outcome]:
+    async def _from_cache(self, job: Job) -> dict[int, PageOutcome]:
         """Outcomes of the pages whose documents the dedup cache holds, by ``seq``, copied into the
         job's folder (the cache may evict them later)."""
-        finished: dict[int, Outcome] = {}
+        finished: dict[int, PageOutcome] = {}
         seq = 0
         for document in job.documents:
             cached = await self.cache.get(document.cache_key) if document.cache_key else None
@@ -223,6 +223,6 @@ class Intake:
             for n in range(len(document.indices)):
                 if cached is not None:
                     path = await asyncio.to_thread(self.data.write_page, job.id, seq, "cache", cached[n])
-                    finished[seq] = Outcome(PageState.DONE, path)
+                    finished[seq] = PageOutcome(PageState.DONE, path)
                 seq += 1
         return finished

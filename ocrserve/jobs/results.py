@@ -12,7 +12,7 @@ from ocrserve.pages import PageResult
 from ocrserve.scheduling import BULK
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
-from ocrserve.store.records import Job, PageRecord, PageState
+from ocrserve.store.job_records import Job, PageRecord, PageState
 
 #: The ``error`` of a page that never ran because its job was cancelled.
 CANCELLED_PAGE = {

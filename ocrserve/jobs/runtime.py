@@ -20,7 +20,7 @@ from ocrserve.store import open_store
 from ocrserve.store.cache import DedupCache
 from ocrserve.store.files import DataDir
 from ocrserve.store.health import StoreHealth
-from ocrserve.store.records import Job, JobStatus, PageRecord, PageState
+from ocrserve.store.job_records import Job, JobStatus, PageRecord, PageState
 
 log = logging.getLogger(__name__)
 

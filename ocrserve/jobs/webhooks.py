@@ -41,7 +41,7 @@ from ocrserve.jobs.results import job_status
 from ocrserve.logs import set_request_id
 from ocrserve.store.base import JobStore
 from ocrserve.store.health import StoreHealth
-from ocrserve.store.records import Job
+from ocrserve.store.job_records import Job
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Ocrserve-Signature"

@@ -53,7 +53,7 @@ from pathlib import Path
 from ocrserve import backoff, metrics
 from ocrserve.alarm import Alarm
 from ocrserve.config import JobsConfig
-from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, Problem
+from ocrserve.errors import DeadlinePassed, EngineFailed, Overloaded, ProblemError
 from ocrserve.logs import set_request_id
 from ocrserve.pages import Page
 from ocrserve.pipeline import Attempt, PagePipeline
@@ -63,7 +63,7 @@ from ocrserve.scheduling import BULK, Terms, resolve
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 from ocrserve.store.health import StoreHealth
-from ocrserve.store.records import Claim, Completion, Document, Job, Outcome, PageState
+from ocrserve.store.job_records import Claim, Completion, Job, JobDocument, PageOutcome, PageState
 from ocrserve.work import Deadline, Priority, WorkItem
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Worker:
         self._alarm = Alarm()
         self._failures = 0  # unexpected failures in a row; 0 once a page gets through
         self._paused_until = 0.0  # time.monotonic() instant before which nothing is claimed
-        self._unrecorded: list[tuple[Claim, Attempt, Outcome]] = []  # completions the store did not take
+        self._unrecorded: list[tuple[Claim, Attempt, PageOutcome]] = []  # completions the store did not take
         self._lapsed: dict[str, _Lapsed] = {}  # by job id: pages claimed again, to report
 
     def wake(self) -> None:
@@ -321,18 +321,18 @@ class Worker:
             return
         await self._record(claim, attempt, outcome)
 
-    async def _outcome(self, claim: Claim, attempt: Attempt) -> Outcome:
+    async def _outcome(self, claim: Claim, attempt: Attempt) -> PageOutcome:
         """The page's outcome, its result written to the data folder.
 
         Raises:
             OSError: the result could not be written (nothing of it is left).
         """
         if attempt.problem is not None:
-            return Outcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
+            return PageOutcome(PageState.FAILED, error=attempt.problem.to_dict() | {"attempts": claim.attempts})
         path = await asyncio.to_thread(
             self.data.write_page, claim.job_id, claim.seq, claim.token, attempt.result.to_dict()
         )
-        return Outcome(PageState.DONE, path)
+        return PageOutcome(PageState.DONE, path)
 
     async def _settle(self) -> None:
         """Record the completions the store failed to take (it works again); those it fails again
@@ -344,7 +344,7 @@ class Worker:
             except Exception:
                 log.exception("job %s page %d: completion not recorded", claim.job_id, claim.seq)
 
-    async def _record(self, claim: Claim, attempt: Attempt, outcome: Outcome) -> None:
+    async def _record(self, claim: Claim, attempt: Attempt, outcome: PageOutcome) -> None:
         """Finish the page in the store, unless someone else already has; a completion the failing
         store does not take is kept for :meth:`_settle`."""
         try:
@@ -356,7 +356,7 @@ class Worker:
             return
         await self._counted(claim, attempt, outcome, completion)
 
-    async def _counted(self, claim: Claim, attempt: Attempt, outcome: Outcome, completion: Completion) -> None:
+    async def _counted(self, claim: Claim, attempt: Attempt, outcome: PageOutcome, completion: Completion) -> None:
         """Count a completion, or drop its result file when it did not count and the store does not
         hold that file (an earlier call of this completion may have been stored, its answer lost)."""
         if not completion.counted:
@@ -387,17 +387,17 @@ class Worker:
         source = self.data.upload_path(claim.job_id, claim.document)
         try:
             page = await self._decode(source, job.documents[claim.document], claim.index, terms.engine_class)
-        except Problem as problem:
+        except ProblemError as problem:
             reservation.release(1)
             return Attempt.failed(claim.index, problem)
         return await self.pipeline.run(page, reservation, terms)
 
-    async def _decode(self, source: Path, document: Document, index: int, priority: int) -> Page | DecodeFailure:
+    async def _decode(self, source: Path, document: JobDocument, index: int, priority: int) -> Page | DecodeFailure:
         """The page ``index`` of a stored upload, or its :class:`DecodeFailure`, decoded at the job's
         engine class ``priority`` (after interactive pages waiting for a decoding process).
 
         Raises:
-            Problem: the document itself cannot be opened any more (415).
+            ProblemError: the document itself cannot be opened any more (415).
         """
         chunks = self.preprocessor.pages(source, document.info(), [index], priority)
         async with contextlib.aclosing(chunks):

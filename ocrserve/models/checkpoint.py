@@ -244,7 +244,7 @@ class _PixelSize(_Open):
     longest_edge: Size | None = None
 
 
-class Preprocessor(_Open):
+class ImageProcessorConfig(_Open):
     """Pixel bounds of ``preprocessor_config.json``: ``min_pixels``/``max_pixels`` or ``size``."""
 
     min_pixels: Size | None = None
@@ -617,7 +617,7 @@ def _pixels(folder: Path) -> Pixels | None:
     path = folder / PREPROCESSOR
     if not path.is_file():
         return None
-    pre = validate(Preprocessor, read_json(path), path)
+    pre = validate(ImageProcessorConfig, read_json(path), path)
     size = pre.size or _PixelSize()
     lo, hi = pre.min_pixels or size.shortest_edge, pre.max_pixels or size.longest_edge
     if lo is not None and hi is not None and lo > hi:

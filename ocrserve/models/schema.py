@@ -116,7 +116,7 @@ class Speculative(BaseModel):
         return speedup
 
 
-class Entry(BaseModel):
+class RegistryEntry(BaseModel):
     """One registry file after ``base:`` is resolved; the fields of :class:`ModelSpec`, cited."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -206,7 +206,7 @@ class Entry(BaseModel):
         return image
 
     @model_validator(mode="after")
-    def _formula_fits(self) -> Entry:
+    def _formula_fits(self) -> RegistryEntry:
         lo, hi = self.min_pixels.value, self.max_pixels.value
         if self.token_formula.value == TILES:
             if self.tiles is None:
@@ -340,11 +340,11 @@ def load_registry(folder: Traversable | Path | str | None = None) -> Registry:
         resolved[model_id] = merged
         return merged
 
-    entries: list[tuple[Entry, str]] = []
+    entries: list[tuple[RegistryEntry, str]] = []
     # entries of their own first, so a broken base is named before the entries deriving from it
     for model_id, (file, _) in sorted(raw.items(), key=lambda item: item[1][1].get("base") is not None):
         try:
-            entries.append((Entry.model_validate(resolve(model_id)), str(file)))
+            entries.append((RegistryEntry.model_validate(resolve(model_id)), str(file)))
         except ValidationError as exc:
             raise RegistryError(f"{file}: {_describe(exc)}") from None
     entries.sort(key=lambda e: (e[0].order is None, e[0].order or 0, e[1]))

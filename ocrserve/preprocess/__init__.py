@@ -31,7 +31,7 @@ import pypdfium2 as pdfium
 from PIL import Image, ImageCms, ImageMode, ImageOps, ImageSequence, UnidentifiedImageError
 
 from ocrserve.config import PreprocessConfig
-from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, Problem, UnsupportedMedia
+from ocrserve.errors import BadRequest, PayloadTooLarge, PoisonDocument, ProblemError, UnsupportedMedia
 from ocrserve.pages import Page
 from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
@@ -118,7 +118,7 @@ class DecodeFailure:
     """A page that could not be decoded; its neighbours are unaffected."""
 
     index: int
-    problem: Problem
+    problem: ProblemError
 
 
 def target_size(width: float, height: float, cfg: PreprocessConfig) -> tuple[int, int]:
@@ -205,7 +205,7 @@ def decoder_errors(what: str) -> Iterator[None]:
     """
     try:
         yield
-    except Problem:
+    except ProblemError:
         raise
     except MemoryError:
         raise PoisonDocument(
@@ -506,7 +506,7 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
     try:
         with decoder_errors(f"page {index + 1}"):
             return decode(index)
-    except Problem as problem:
+    except ProblemError as problem:
         return DecodeFailure(index, problem)
 
 

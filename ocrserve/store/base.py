@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import abc
 
-from ocrserve.errors import Problem, TooManyRequests
-from ocrserve.store.records import Claim, Completion, Event, Job, Outcome, PageRecord
+from ocrserve.errors import ProblemError, TooManyRequests
+from ocrserve.store.job_records import Claim, Completion, Event, Job, PageOutcome, PageRecord
 
 #: ``Retry-After`` of a submission refused by its tenant's quota, seconds: pages take about a
 #: second each, so some of a full queue's have finished by then.
 QUOTA_RETRY_AFTER_S = 10
 
 
-class IdempotencyConflict(Problem):
+class IdempotencyConflict(ProblemError):
     """409: the ``Idempotency-Key`` was used before with a different request."""
 
     status = 409
@@ -52,7 +52,7 @@ class JobStore(abc.ABC):
         self,
         job: Job,
         idempotency_key: str = "",
-        finished: dict[int, Outcome] | None = None,
+        finished: dict[int, PageOutcome] | None = None,
         max_pending_pages: int = 0,
     ) -> tuple[Job, bool]:
         """Store a new job with its pages queued, all in one step.
@@ -107,7 +107,7 @@ class JobStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def complete(self, claim: Claim, outcome: Outcome) -> Completion:
+    async def complete(self, claim: Claim, outcome: PageOutcome) -> Completion:
         """Finish a page, if nobody has yet: count it, append its event, end the job after its last page.
 
         Whoever finishes first wins, whether or not its lease is still current; a later completion of

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from ocrserve import backoff
 from ocrserve.alarm import Alarm
 from ocrserve.config import StoreConfig
-from ocrserve.errors import InsufficientStorage, Problem, StoreUnavailable
+from ocrserve.errors import InsufficientStorage, ProblemError, StoreUnavailable
 from ocrserve.store.base import JobStore
 from ocrserve.store.files import DataDir
 
@@ -177,7 +177,7 @@ class StoreHealth:
         """``Retry-After`` of a 503 while the store fails, whole seconds: when it is probed next at the latest."""
         return str(math.ceil(self.cfg.probe_interval_s))
 
-    def refusal(self) -> Problem | None:
+    def refusal(self) -> ProblemError | None:
         """The problem a job submission gets now: 503 with ``Retry-After`` while the store fails
         (:class:`StoreUnavailable`), 507 while the data folder is full (:class:`InsufficientStorage`),
         else None."""

@@ -12,7 +12,7 @@ Keys, under ``store.key_prefix`` (``P``):
 | ``P:ready`` | zset | pages to claim, ``{id}:{seq:06d}`` scored by the job's rank (priority, then age) |
 | ``P:delayed`` | zset | pages waiting out a retry backoff, scored by when they may run |
 | ``P:leases`` | zset | claimed pages, scored by lease end; lapsed ones return to ``P:ready`` |
-| ``P:idem:{scope}`` | string | job id of an ``Idempotency-Key`` (scoped to its tenant: ``records.idempotency_scope``) |
+| ``P:idem:{scope}`` | string | job id of an ``Idempotency-Key`` (tenant-scoped: ``job_records.idempotency_scope``) |
 | ``P:pending:{tenant}`` | string | the tenant's pages queued or running (absent: none) |
 | ``P:finished`` | zset | ended jobs by end time (retention) |
 | ``P:webhooks`` | zset | ended jobs whose webhook is owed, by when it may next be claimed |
@@ -33,13 +33,13 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ocrserve.store.base import IdempotencyConflict, JobStore, quota_exceeded
-from ocrserve.store.records import (
+from ocrserve.store.job_records import (
     Claim,
     Completion,
     Event,
     Job,
     JobStatus,
-    Outcome,
+    PageOutcome,
     PageRecord,
     PageState,
     idempotency_scope,
@@ -237,5 +237,5 @@ class RedisStore(JobStore):
         await self._redis.aclose()
 
 
-def _outcome(outcome: Outcome) -> dict:
+def _outcome(outcome: PageOutcome) -> dict:
     return {"state": outcome.state, "result_path": outcome.result_path, "error": outcome.error}

@@ -25,14 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ocrserve.store.base import IdempotencyConflict, JobStore, quota_exceeded
-from ocrserve.store.records import (
+from ocrserve.store.job_records import (
     TERMINAL,
     Claim,
     Completion,
     Event,
     Job,
     JobStatus,
-    Outcome,
+    PageOutcome,
     PageRecord,
     PageState,
     final_status,
@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     pages_failed INTEGER NOT NULL DEFAULT 0,
     events INTEGER NOT NULL DEFAULT 0,
     spec TEXT NOT NULL,                 -- Job.to_json(): documents, model, webhook_url, request_hash
-    idempotency_key TEXT UNIQUE,        -- records.idempotency_scope(tenant, Idempotency-Key)
+    idempotency_key TEXT UNIQUE,        -- job_records.idempotency_scope(tenant, Idempotency-Key)
     webhook_due REAL,                   -- NULL: nothing to send; else when it may next be claimed
     tenant TEXT NOT NULL DEFAULT ''     -- the owner; '' = anonymous
 );
@@ -132,7 +132,7 @@ class SqliteStore(JobStore):
     async def create(self, job, idempotency_key="", finished=None, max_pending_pages=0):
         return await self._call(self._create, job, idempotency_key, finished or {}, max_pending_pages)
 
-    def _create(self, job: Job, key: str, finished: dict[int, Outcome], quota: int) -> tuple[Job, bool]:
+    def _create(self, job: Job, key: str, finished: dict[int, PageOutcome], quota: int) -> tuple[Job, bool]:
         scoped = idempotency_scope(job.tenant, key)
         with self._tx() as db:
             if scoped:
@@ -267,11 +267,11 @@ class SqliteStore(JobStore):
     async def complete(self, claim, outcome):
         return await self._call(self._complete, claim, outcome)
 
-    def _complete(self, claim: Claim, outcome: Outcome) -> Completion:
+    def _complete(self, claim: Claim, outcome: PageOutcome) -> Completion:
         with self._tx() as db:
             return self._finish(db, claim.job_id, claim.seq, outcome)
 
-    def _finish(self, db: sqlite3.Connection, job_id: str, seq: int, outcome: Outcome) -> Completion:
+    def _finish(self, db: sqlite3.Connection, job_id: str, seq: int, outcome: PageOutcome) -> Completion:
         """Finish one page inside a transaction, unless it (or its job) already has."""
         job = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         page = db.execute("SELECT * FROM pages WHERE job = ? AND seq = ?", (job_id, seq)).fetchone()

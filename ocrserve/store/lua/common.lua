@@ -59,7 +59,7 @@ local function finish(job, seq, member, outcome, event)
     redis.call('HSET', jkey, 'status', 'running')
     return {1, ''}
   end
-  -- the rule of ocrserve.store.records.final_status
+  -- the rule of ocrserve.store.job_records.final_status
   local ended = (failed == 0 and 'succeeded') or (ok == 0 and 'failed') or 'partial'
   job_ended(job, ended)
   return {1, ended}

@@ -1,6 +1,6 @@
 -- create.lua: store a new job and queue its pages, unless its Idempotency-Key names an earlier job
 -- or its tenant's quota of pending pages is used up.
--- ARGV[2]: JSON {id, key (records.idempotency_scope of the Idempotency-Key, or ''), tenant, quota
+-- ARGV[2]: JSON {id, key (job_records.idempotency_scope of the Idempotency-Key, or ''), tenant, quota
 --   (the tenant's most pages queued or running; 0 = none), spec (the job's JSON), rank (P:ready score),
 --   webhook ('1' or '0'), pages ([[document, index], ...] by seq), finished ([[seq, outcome, event], ...]:
 --   pages already done from the dedup cache)}.

@@ -68,7 +68,7 @@ def idempotency_scope(tenant: str, key: str) -> str:
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED})
 
 
-def page_event(seq: int, document: int, index: int, outcome: Outcome) -> dict:
+def page_event(seq: int, document: int, index: int, outcome: PageOutcome) -> dict:
     """The event a finished page appends to its job's log; the store adds ``pages_done`` (pages
     finished so far, this one included) and ``pages_total``."""
     event = {"page": seq, "document": document, "index": index, "state": outcome.state}
@@ -85,7 +85,7 @@ def final_status(pages_ok: int, pages_failed: int) -> JobStatus:
 
 
 @dataclass
-class Document:
+class JobDocument:
     """One uploaded document of a job, as inspected at submission.
 
     Attributes:
@@ -112,7 +112,7 @@ class Document:
     @classmethod
     def from_info(
         cls, name: str, sha256: str, size: int, info: DocumentInfo, indices: list[int], cache_key: str = ""
-    ) -> Document:
+    ) -> JobDocument:
         """A document record from what the preprocessor learned about it."""
         return cls(
             name,
@@ -156,7 +156,7 @@ class Job:
     status: JobStatus
     priority: int
     created: float
-    documents: list[Document]
+    documents: list[JobDocument]
     model: str
     webhook_url: str = ""
     request_hash: str = ""
@@ -194,7 +194,7 @@ class Job:
     def from_json(cls, data: dict) -> Job:
         """The job :meth:`to_json` wrote."""
         return cls(
-            **{**data, "status": JobStatus(data["status"]), "documents": [Document(**d) for d in data["documents"]]}
+            **{**data, "status": JobStatus(data["status"]), "documents": [JobDocument(**d) for d in data["documents"]]}
         )
 
 
@@ -221,7 +221,7 @@ class Claim:
 
 
 @dataclass
-class Outcome:
+class PageOutcome:
     """How a page ended: ``done`` with its result file, or ``failed`` with a problem object."""
 
     state: PageState

@@ -48,7 +48,7 @@ def resume_key(sha256: str, indices: list[int], model: str, preprocess: Preproce
 
 
 @dataclass
-class Entry:
+class ManifestEntry:
     """One document's line of the manifest.
 
     Attributes:
@@ -86,7 +86,7 @@ class Entry:
             e.get("status") in TRANSIENT_STATUSES for e in self.errors
         )
 
-    def skipped(self, document: str) -> Entry:
+    def skipped(self, document: str) -> ManifestEntry:
         """This done entry as a later run reports it for ``document``: ``skipped``, no time, no OCR."""
         return replace(self, document=document, status="skipped", seconds=0.0, ocr_pages=0, workers=[])
 
@@ -95,7 +95,7 @@ class Entry:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, line: str) -> Entry:
+    def from_json(cls, line: str) -> ManifestEntry:
         """The entry of a :meth:`to_json` line.
 
         Raises:
@@ -172,14 +172,14 @@ class OutputFolder:
         digest = hashlib.sha256(output.encode()).hexdigest()
         return self.root / STATE_DIR / "done" / digest[:2] / f"{digest}.json"
 
-    def done(self, output: str, key: str) -> Entry | None:
+    def done(self, output: str, key: str) -> ManifestEntry | None:
         """The entry that wrote ``output`` (a path relative to the folder) for resume key ``key``,
         or None: no record, another key (the file, its pages or the model changed), or the result
         is gone or not as written."""
         try:
             record = json.loads(self._record_path(output).read_text(encoding="utf-8"))
             written = record.pop(RESULT_SHA256)
-            entry = Entry(**record)
+            entry = ManifestEntry(**record)
         except (FileNotFoundError, ValueError, TypeError, KeyError, AttributeError):  # none, or not this version's
             return None
         if entry.key != key:
@@ -189,16 +189,16 @@ class OutputFolder:
         except OSError:  # gone, or a folder now
             return None
 
-    def write(self, entry: Entry, result: dict, fmt: str) -> None:
+    def write(self, entry: ManifestEntry, result: dict, fmt: str) -> None:
         """Write a document's result (rendered as ``fmt``) at ``entry.output``, then, when the entry
-        is :attr:`~Entry.final`, its done record (the entry and the result's sha256); both atomically.
+        is :attr:`~ManifestEntry.final`, its done record (the entry and the result's sha256); both atomically.
 
         Raises:
             OSError: a write failed.
         """
         self.write_text(entry, render(result, fmt))
 
-    def write_text(self, entry: Entry, text: str) -> None:
+    def write_text(self, entry: ManifestEntry, text: str) -> None:
         """:meth:`write` of a result already rendered as ``text``.
 
         Raises:
@@ -224,7 +224,7 @@ class Manifest:
         self.path = path
         self._fh: TextIO = path.open("w", encoding="utf-8")
 
-    def add(self, entry: Entry) -> None:
+    def add(self, entry: ManifestEntry) -> None:
         """Append ``entry``'s line."""
         self._fh.write(entry.to_json() + "\n")
         self._fh.flush()

@@ -46,7 +46,7 @@ from ocrserve.api.disconnect import until_disconnect
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.engines.base import PageError
-from ocrserve.errors import ClientGone, Problem
+from ocrserve.errors import ClientGone, ProblemError
 from ocrserve.pages import Page
 from ocrserve.preprocess import DecodeFailure, Preprocessor
 
@@ -179,7 +179,7 @@ class EngineServer:
             if info.page_count != 1:
                 raise ApiError(400, f"the image has {info.page_count} pages; send one page per request")
             (page,) = [p async for chunk in self.preprocessor.pages(data, info, [0]) for p in chunk]
-        except Problem as problem:
+        except ProblemError as problem:
             raise ApiError(400, problem.detail, param="messages") from None
         if isinstance(page, DecodeFailure):
             raise ApiError(400, page.problem.detail, param="messages")

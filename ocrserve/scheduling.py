@@ -14,7 +14,7 @@ them again:
   lane's ``aging_s``). The lane's queue (:mod:`ocrserve.policies`) is the only reader of it;
 * **engine class**: :class:`~ocrserve.work.EngineClass` ``INTERACTIVE`` for the fast lane,
   ``BACKGROUND`` for the bulk lane: what the engine's stages, threads and recognition batches go
-  by (with aging there, :mod:`ocrserve.engines.stages`), and what vLLM gets as the request's
+  by (with aging there, :mod:`ocrserve.engines.stage_scheduler`), and what vLLM gets as the request's
   ``priority``;
 * **bursts**: whether it may use the fast lane's burst slots (a fast request of at most
   ``fast.urgent_pages`` pages);

@@ -92,7 +92,7 @@ async def bench_gateway(images: dict[Path, Path], rounds: int, concurrency: int)
 def bench_batch(images: dict[Path, Path], rounds: int) -> tuple[Side, float]:
     """``ocrserve batch`` over every image ``rounds`` times on a new local Ray; returns its side
     (pages/min of the pages execution) and the wall seconds of the whole run, Ray's start included."""
-    from ocrserve.batch.pipeline import ray_cluster, run_batch
+    from ocrserve.batch.ray_pipeline import ray_cluster, run_batch
 
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
         documents = {}

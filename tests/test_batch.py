@@ -30,7 +30,7 @@ from tests.conftest import DATA, Replica, ground_truth, wait_for
 
 ray = pytest.importorskip("ray", reason="ocrserve batch needs Ray: pip install -e '.[ray]'")
 pipeline = pytest.importorskip(
-    "ocrserve.batch.pipeline", reason="ocrserve batch needs ray[data]: pip install -e '.[ray]'"
+    "ocrserve.batch.ray_pipeline", reason="ocrserve batch needs ray[data]: pip install -e '.[ray]'"
 )
 
 #: The model the vLLM replica serves (the ``prod`` profile's).

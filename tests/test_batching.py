@@ -12,7 +12,7 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig
 from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
-from ocrserve.engines.stages import ClassGate, GatePass, RecBatcher
+from ocrserve.engines.stage_scheduler import ClassGate, GatePass, RecBatcher
 from ocrserve.work import EngineClass
 from tests.test_engine import load_page
 

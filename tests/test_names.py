@@ -9,8 +9,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "ocrserve"
 #: Module names any package may have.
 SHARED_MODULES = {"__init__.py", "__main__.py", "base.py"}
-#: Names still shared while the scheduling rework (issue 32, parts 1-3) renames them; drop them then.
-PENDING = {"stages.py", "pipeline.py"}
 
 
 def _modules() -> list[Path]:
@@ -22,7 +20,7 @@ def test_module_names_are_unique():
     for path in _modules():
         where[path.name].append(str(path.relative_to(PACKAGE)))
     shared = {name: paths for name, paths in where.items() if len(paths) > 1}
-    assert set(shared) <= SHARED_MODULES | PENDING, shared
+    assert set(shared) <= SHARED_MODULES, shared
 
 
 def test_public_class_names_are_unique():
@@ -32,4 +30,4 @@ def test_public_class_names_are_unique():
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 where[node.name].append(str(path.relative_to(PACKAGE)))
     shared = {name: paths for name, paths in where.items() if len(paths) > 1}
-    assert set(shared) <= PENDING, shared
+    assert not shared, shared

@@ -20,7 +20,7 @@ from ocrserve.errors import BadRequest
 from ocrserve.preprocess import page_ranges
 
 if TYPE_CHECKING:
-    from ocrserve.batch.pipeline import Summary
+    from ocrserve.batch.ray_pipeline import Summary
 
 #: Result file suffix of each ``--format``: those of ``ocrserve ocr --out``, and JSON Lines.
 FORMATS = {**SUFFIX, "jsonl": ".jsonl"}
@@ -107,7 +107,7 @@ def batch(
         raise typer.Exit(2) from None
     docs = documents_or_exit([Path(i) for i in inputs], out=out)
     try:
-        from ocrserve.batch.pipeline import Options, ray_cluster, run_batch
+        from ocrserve.batch.ray_pipeline import Options, ray_cluster, run_batch
     except ImportError as exc:
         err_console.print(f"[red]error:[/red] ocrserve batch needs Ray: pip install 'ocrserve\\[ray]' ({exc})")
         raise typer.Exit(2) from None

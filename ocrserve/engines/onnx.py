@@ -1,11 +1,11 @@
 """The embedded CPU engine: PP-OCR ONNX models from the ``rapidocr`` wheel on ``onnxruntime``.
 
 Each page goes through detection and orientation classification on one of ``det_workers``
-threads, then its text-line crops join the shared :class:`~ocrserve.engines.stages.RecBatcher`,
+threads, then its text-line crops join the shared :class:`~ocrserve.engines.stage_scheduler.RecBatcher`,
 which recognizes crops of concurrent pages together, sorted by aspect ratio and ``rec_batch_num``
 at a time (on a CPU a wide batch buys no parallelism, only padding; a larger pool to sort from
 is what cross-page batching buys). Every stage goes to the most urgent page first (see
-``ocrserve.engines.stages``). No model is downloaded: rapidocr's defaults point at the models
+``ocrserve.engines.stage_scheduler``). No model is downloaded: rapidocr's defaults point at the models
 in its wheel.
 """
 
@@ -31,7 +31,7 @@ from rapidocr.utils.process_img import apply_vertical_padding, map_boxes_to_orig
 from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
-from ocrserve.engines.stages import ClassGate, GatePass, RecBatcher, background_pool
+from ocrserve.engines.stage_scheduler import ClassGate, GatePass, RecBatcher, background_pool
 from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent

@@ -1,4 +1,4 @@
-"""The stages of :mod:`ocrserve.batch.stages` on Ray Data, with retries, a progress bar and a summary.
+"""The stages of :mod:`ocrserve.batch.ray_stages` on Ray Data, with retries, a progress bar and a summary.
 
 A run is two Ray Data executions:
 
@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ocrserve.batch.output_folder import MANIFEST, Manifest, ManifestEntry, OutputFolder
-from ocrserve.batch.stages import Assembler, OcrWorker, decode_row, inspect_row
+from ocrserve.batch.ray_stages import Assembler, OcrWorker, decode_row, inspect_row
 from ocrserve.config import Config
 from ocrserve.engines import create_engine
 from ocrserve.preprocess import PAGES_PER_TASK

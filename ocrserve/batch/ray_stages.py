@@ -1,4 +1,4 @@
-"""The work of each stage of ``ocrserve batch``, free of Ray (:mod:`ocrserve.batch.pipeline` runs it).
+"""The work of each stage of ``ocrserve batch``, free of Ray (:mod:`ocrserve.batch.ray_pipeline` runs it).
 
 Each stage reuses the gateway's own pieces, so that a document read here gives the text
 ``POST /v1/ocr`` gives:

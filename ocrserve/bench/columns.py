@@ -103,7 +103,7 @@ def generate(kind: str, seed: int, number: int = 0) -> GeneratedPage:
     else:
         getattr(setter, kind)()
         image = setter.image
-    text = "\n\n".join("\n".join(block) for block in setter.blocks if block)
+    text = "\n\n".join("\n".join(block) for block in [*setter.blocks, setter.footer] if block)
     return GeneratedPage(kind, f"{kind}-{seed}-{number}", image, text)
 
 
@@ -126,6 +126,7 @@ class _Setter:
         self.image = Image.new("RGB", PAGE_SIZE, "white")
         self.draw = ImageDraw.Draw(self.image)
         self.blocks: list[list[str]] = []
+        self.footer: list[str] = []  # the page number at the foot, read last
         family = rng.choice(sorted(FONTS))
         self.size = rng.randint(19, 23)
         self.body = _font(family, "body", self.size)
@@ -134,7 +135,10 @@ class _Setter:
         self.quote = _font(family, "italic", round(self.size * 1.4))
         self.head = _font(family, "head", rng.randint(40, 56))
         self.family = family
-        self.leading = round(self.size * rng.uniform(1.25, 1.45))
+        self.leading = round(self.size * rng.uniform(1.2, 1.45))
+        self.justified = rng.random() < 0.6
+        self.indented = rng.random() < 0.5  # paragraphs by a first-line indent, else by a little space
+        self.ruled = rng.random() < 0.3  # a vertical rule in each gutter
         paragraphs = _paragraphs()
         start = rng.randrange(len(paragraphs))
         self.text = paragraphs[start:] + paragraphs[:start]
@@ -142,6 +146,8 @@ class _Setter:
         self.at = 0
         self.top = MARGIN
         self.left, self.right, self.bottom = MARGIN, PAGE_SIZE[0] - MARGIN, PAGE_SIZE[1] - MARGIN
+        if rng.random() < 0.5:
+            self._running_head()
 
     # layout kinds
 
@@ -164,11 +170,20 @@ class _Setter:
         columns = self._columns(count, self.top, self.bottom)
         span = count if count == 2 or self.rng.random() < 0.5 else 2
         x0, x1 = columns[0][0], columns[span - 1][1]
-        below = self._picture(x0, x1, self.top, self.rng.randint(280, 420))
-        caption_bottom = self._caption(x0, x1, below + 12)
-        under = caption_bottom + round(self.leading * self.rng.uniform(0.8, 1.6))
-        columns = [(a, b, under if i < span else self.top, bottom) for i, (a, b, _, bottom) in enumerate(columns)]
-        self._flow(columns, fill=self.rng.uniform(0.6, 0.9))
+        height = self.rng.randint(280, 420)
+        if self.rng.random() < 0.5:  # at the top of the columns, or at their foot
+            below = self._picture(x0, x1, self.top, height)
+            caption_bottom = self._caption(x0, x1, below + 12)
+            under = caption_bottom + round(self.leading * self.rng.uniform(0.8, 1.6))
+            columns = [(a, b, under if i < span else self.top, bottom) for i, (a, b, _, bottom) in enumerate(columns)]
+            self._flow(columns, fill=self.rng.uniform(0.6, 0.9))
+            return
+        lines = 1 + len(self._wrap("Figure 0. " + " ".join(["word"] * 22), self.small, x1 - x0))
+        top = self.bottom - height - 12 - lines * self.leading
+        above = top - round(self.leading * self.rng.uniform(0.8, 1.6))
+        columns = [(a, b, t, above if i < span else bottom) for i, (a, b, t, bottom) in enumerate(columns)]
+        self._flow(columns, fill=1.0)
+        self._caption(x0, x1, self._picture(x0, x1, top, height) + 12)
 
     def pull_quote(self) -> None:
         columns = self._columns(2, self.top, self.bottom)
@@ -189,8 +204,11 @@ class _Setter:
     # pieces
 
     def _columns(self, count: int, top: int, bottom: int) -> list[tuple[int, int, int, int]]:
-        gutter = self.rng.randint(28, 60) if count == 2 else self.rng.randint(24, 44)
+        gutter = self.rng.randint(20, 56) if count == 2 else self.rng.randint(18, 44)
         width = (self.right - self.left - gutter * (count - 1)) // count
+        for i in range(1, count) if self.ruled else ():
+            x = self.left + i * (width + gutter) - gutter // 2
+            self.draw.line((x, top, x, bottom), fill=INK, width=1)
         return [
             (self.left + i * (width + gutter), self.left + i * (width + gutter) + width, top, bottom)
             for i in range(count)
@@ -205,7 +223,7 @@ class _Setter:
         byline = f"From the public record, {self.rng.choice(('Philadelphia', 'Gettysburg', 'Washington'))}"
         self.top += round(self.size * self.rng.uniform(0.2, 0.8))
         self.draw.text((self.left, self.top), byline, font=self.italic, fill=INK)
-        self.top += round(self.leading * self.rng.uniform(1.3, 2.2))
+        self.top += round(self.leading * self.rng.uniform(1.1, 2.2))
         self.blocks += [lines, [byline]]
 
     def _picture(self, x0: int, x1: int, top: int, height: int) -> int:
@@ -239,6 +257,7 @@ class _Setter:
         are used; a picture and caption, or a pull quote, inside column ``figure_in``/``quote_in``."""
         capacity = sum((bottom - top) // self.leading for _, _, top, bottom in columns)
         budget = round(capacity * fill)
+        indent = 0
         for index, (x0, x1, top, bottom) in enumerate(columns):
             block: list[str] = []
             y = top
@@ -249,15 +268,48 @@ class _Setter:
                     block, y = [], self._insert(x0, x1, y, figure=index == figure_in)
                     figure_in = quote_in = None
                     continue
-                line = self._line(x1 - x0)
-                if line is None:  # a paragraph's end: a little space
-                    y += self.leading // 2
+                line = self._line(x1 - x0 - indent)
+                if line is None:  # a paragraph's end: a little space, or an indent on the next line
+                    y += 0 if self.indented else self.leading // 2
+                    indent = 2 * self.size if self.indented else 0
                     continue
-                self.draw.text((x0, y), line, font=self.body, fill=INK)
+                last = self.at >= len(self.words) or self.words[self.at] == PARAGRAPH
+                self._set(line, x0 + indent, x1, y, justify=self.justified and not last)
                 block.append(line)
+                indent = 0
                 y += self.leading
                 budget -= 1
             self.blocks.append(block)
+
+    def _set(self, line: str, x0: int, x1: int, y: int, justify: bool) -> None:
+        """One line of body text from ``x0``, its words spread to ``x1`` where ``justify``."""
+        words = line.split()
+        if not justify or len(words) < 2:
+            self.draw.text((x0, y), line, font=self.body, fill=INK)
+            return
+        space = (x1 - x0 - sum(self.body.getlength(w) for w in words)) / (len(words) - 1)
+        x = float(x0)
+        for word in words:
+            self.draw.text((round(x), y), word, font=self.body, fill=INK)
+            x += self.body.getlength(word) + space
+
+    def _running_head(self) -> None:
+        """A running head (a title left, the page number right) and a page number at the foot."""
+        title = " ".join(w.capitalize() for w in self._sentence(2, 4).rstrip(".;,:").split())
+        number = str(self.rng.randint(2, 399))
+        self.draw.text((self.left, self.top - 40), title, font=self.small, fill=INK)
+        self.draw.text((self.right - self.small.getlength(number), self.top - 40), number, font=self.small, fill=INK)
+        self.draw.line((self.left, self.top - 12, self.right, self.top - 12), fill=INK, width=1)
+        folio = str(int(number) + 1)
+        self.draw.text(
+            ((self.left + self.right - self.small.getlength(folio)) / 2, self.bottom + 30),
+            folio,
+            font=self.small,
+            fill=INK,
+        )
+        self.blocks.append([f"{title} {number}"])
+        self.footer.append(folio)
+        self.top += 10
 
     def _insert(self, x0: int, x1: int, y: int, figure: bool) -> int:
         """A picture with its caption, or a pull quote between rules, across a column at ``y``;

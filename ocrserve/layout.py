@@ -280,9 +280,9 @@ def _in_regions(rects: list[Rect], regions: list[Rect], line: float) -> list[lis
         box = (min(r.x0 for r in lines), min(r.y0 for r in lines), max(r.x1 for r in lines), max(r.y1 for r in lines))
         units.append(Rect(-1, *box, tuple(lines)))
     blocks: list[list[Rect]] = []
-    for group in _cut(units, line):
+    for group in _cut(units, line, regions=True):
         loose: list[Rect] = []  # lines of no region, read together until the next region
-        for unit in (unit for row in _row_groups(group, line) for unit in row):
+        for unit in sorted(group, key=lambda u: (u.y0, u.x0)):
             if unit.lines:
                 blocks += _cut(loose, line) if loose else []
                 blocks += _cut(list(unit.lines), line)
@@ -323,17 +323,18 @@ def _rotate(points: np.ndarray, degrees: float) -> np.ndarray:
     return np.stack([x * math.cos(a) - y * math.sin(a), x * math.sin(a) + y * math.cos(a)], axis=-1)
 
 
-def _cut(rects: list[Rect], line: float) -> list[list[Rect]]:
-    """The blocks of a region in reading order (module docstring, step 2)."""
+def _cut(rects: list[Rect], line: float, regions: bool = False) -> list[list[Rect]]:
+    """The blocks of a region in reading order (module docstring, step 2); ``regions``: ``rects``
+    are layout regions and lines of none (:func:`_bands`)."""
     cuts = (
-        lambda: _bands(rects, line, SECTION_GAP),
+        lambda: _bands(rects, line, SECTION_GAP, regions),
         lambda: _columns(rects, line),
-        lambda: _bands(rects, line, BAND_GAP),
+        lambda: _bands(rects, line, BAND_GAP, regions),
     )
     for cut in cuts:  # each tried only where the one before did not split the region
         parts = cut()
         if len(parts) > 1:
-            return [block for part in parts for block in _cut(part, line)]
+            return [block for part in parts for block in _cut(part, line, regions)]
     return [rects]
 
 
@@ -408,13 +409,15 @@ def _column_like(rects: list[Rect], region: float) -> bool:
     return extent >= MIN_COLUMN_SHARE * region and aspect >= MIN_COLUMN_ASPECT
 
 
-def _bands(rects: list[Rect], line: float, least: float) -> list[list[Rect]]:
+def _bands(rects: list[Rect], line: float, least: float, regions: bool = False) -> list[list[Rect]]:
     """The region cut in two at its widest horizontal gap of at least ``least`` line heights and
     :data:`PARAGRAPH_GAP` times the gap between its lines where most of them have one (tight boxes
-    of a PDF's text layer; a detector's padded boxes touch), top first; or the region alone."""
+    of a PDF's text layer; a detector's padded boxes touch; not between ``regions``), top first;
+    or the region alone."""
     gaps = _gaps([(r.y0, r.y1) for r in rects])
     rows = len(_rows(rects, line))
-    spacing = statistics.median(b - a for a, b in gaps) if rows > 2 and len(gaps) >= rows / 2 else 0.0
+    lined = rows > 2 and len(gaps) >= rows / 2 and not regions  # a gap between regions is a gap between blocks
+    spacing = statistics.median(b - a for a, b in gaps) if lined else 0.0
     wide = [g for g in gaps if g[1] - g[0] >= max(least * line, PARAGRAPH_GAP * spacing)]
     if not wide:
         return [rects]
@@ -441,11 +444,6 @@ def _once(row: list[int], rects: list[Rect], texts: Sequence[str]) -> list[int]:
 
 def _rows(rects: list[Rect], line: float) -> list[list[int]]:
     """A block's rows top to bottom, each its boxes' indices left to right (module docstring, step 3)."""
-    return [[r.index for r in row] for row in _row_groups(rects, line)]
-
-
-def _row_groups(rects: list[Rect], line: float) -> list[list[Rect]]:
-    """``rects`` in rows top to bottom, each left to right (module docstring, step 3)."""
     rows: list[list[Rect]] = []
     for rect in sorted(rects, key=lambda r: r.cy):
         row = rows[-1] if rows else None
@@ -453,4 +451,4 @@ def _row_groups(rects: list[Rect], line: float) -> list[list[Rect]]:
             row.append(rect)
         else:
             rows.append([rect])
-    return [sorted(row, key=lambda r: r.x0) for row in rows]
+    return [[r.index for r in sorted(row, key=lambda r: r.x0)] for row in rows]

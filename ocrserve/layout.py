@@ -20,6 +20,14 @@ returns them: the embedded engine's detections and a VLM's layout boxes alike.
    splits no more is a block. Columns are read left to right, bands top to bottom.
 3. **Rows.** Within a block, boxes whose vertical centres lie within :data:`ROW_TOLERANCE` of a
    line height form a row, read left to right; rows top to bottom.
+
+**Regions.** Where a layout model located the page's regions (paragraphs, titles, captions,
+figures: :func:`reading_order`'s ``regions``), each line goes to the region that holds at least
+:data:`REGION_SHARE` of its box, and the XY-cut of step 2 first orders the regions (each the box
+of its lines) and the lines of no region among them, with the page's line height; then the lines
+of each region are ordered by steps 2 and 3 alone. A region never straddles a gutter, so a
+headline, picture or caption across the columns no longer hides it; what the model leaves
+ambiguous (regions side by side, lines outside every region) is read by the XY-cut as before.
 """
 
 from __future__ import annotations
@@ -58,17 +66,22 @@ ROW_TOLERANCE = 0.5
 DUPLICATE_OVERLAP = 0.5
 #: A box this many times taller than wide is a vertical line (rapidocr's crop rule uses 1.5).
 TALL = 1.5
+#: Share of a line's box inside a region above which the line belongs to it (the larger share
+#: wins; between regions that hold it alike, the larger region).
+REGION_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class Rect:
-    """A line's axis-aligned box in the upright frame; ``index``: the line's position in the input."""
+    """A line's axis-aligned box in the upright frame; ``index``: the line's position in the input.
+    A region's box (``index`` -1) holds its ``lines``."""
 
     index: int
     x0: float
     y0: float
     x1: float
     y1: float
+    lines: tuple[Rect, ...] = ()
 
     @property
     def height(self) -> float:
@@ -104,12 +117,14 @@ def reading_order(
     height: float,
     rotation: int = 0,
     texts: Sequence[str] | None = None,
+    regions: Sequence[Sequence[float]] = (),
 ) -> Order:
     """The reading order of ``boxes`` (each four ``[x, y]`` points, page pixels) on a page of
     ``width`` x ``height`` pixels whose text is turned ``rotation`` degrees clockwise (module
     docstring). With the boxes' ``texts``, a box read twice is left out: one that lies at least
     :data:`DUPLICATE_OVERLAP` within its row neighbour's width and whose text the neighbour's holds
-    (a detector that boxed a word and the line around it).
+    (a detector that boxed a word and the line around it). ``regions``: the page's layout regions,
+    each ``[x0, y0, x1, y1]`` in page pixels (module docstring, **Regions**).
 
     Raises:
         ValueError: a ``rotation`` other than 0, 90, 180 or 270.
@@ -120,17 +135,17 @@ def reading_order(
     points = np.clip(np.nan_to_num(points), 0, [width, height])  # a model's box may lie off the page
     points = upright(points, width, height, rotation)
     vertical = _vertical(points)
-    if vertical:
-        points = np.stack([points[..., 1], -points[..., 0]], axis=-1)  # columns right to left -> rows
-    skew = _skew(points)
-    points = _rotate(points, -skew)
-    rects = [
-        Rect(i, float(p[:, 0].min()), float(p[:, 1].min()), float(p[:, 0].max()), float(p[:, 1].max()))
-        for i, p in enumerate(points)
-    ]
+    skew = _skew(_turned(points, vertical))
+    rects = _rects(_rotate(_turned(points, vertical), -skew))
     line = statistics.median(r.height for r in rects) or 1.0
+    if len(regions):
+        corners = np.asarray(regions, dtype=np.float64).reshape(-1, 4)[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 4, 2)
+        corners = upright(np.clip(np.nan_to_num(corners), 0, [width, height]), width, height, rotation)
+        blocks_of = _in_regions(rects, _rects(_rotate(_turned(corners, vertical), -skew)), line)
+    else:
+        blocks_of = _cut(rects, line)
     rows, blocks = [], []
-    for block in _cut(rects, line):
+    for block in blocks_of:
         block_rows = [_once(row, rects, texts) for row in _rows(block, line)] if texts else _rows(block, line)
         blocks.append(list(range(len(rows), len(rows) + len(block_rows))))
         rows += block_rows
@@ -154,14 +169,17 @@ class Arranged:
     skew_deg: float
 
 
-def arrange(lines: Sequence[Line], width: float, height: float, rotation: int = 0) -> Arranged:
+def arrange(
+    lines: Sequence[Line], width: float, height: float, rotation: int = 0, regions: Sequence[Sequence[float]] = ()
+) -> Arranged:
     """``lines`` (boxes in page pixels of a ``width`` x ``height`` page, text turned ``rotation``
-    degrees clockwise) in reading order, with their blocks and the page's text (module docstring).
+    degrees clockwise) in reading order, with their blocks and the page's text (module docstring);
+    ``regions``: the page's layout regions, ``[x0, y0, x1, y1]`` page pixels each (:func:`reading_order`).
 
     Raises:
         ValueError: a ``rotation`` other than 0, 90, 180 or 270.
     """
-    order = reading_order([line.box for line in lines], width, height, rotation, [line.text for line in lines])
+    order = reading_order([line.box for line in lines], width, height, rotation, [line.text for line in lines], regions)
     ordered: list[Line] = []
     blocks, texts = [], []
     for number, block in enumerate(order.blocks):
@@ -225,6 +243,56 @@ def edge_lengths(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def _turned(points: np.ndarray, vertical: bool) -> np.ndarray:
+    """``points`` as rows: vertical writing's columns (read right to left) turned into rows."""
+    return np.stack([points[..., 1], -points[..., 0]], axis=-1) if vertical else points
+
+
+def _rects(points: np.ndarray) -> list[Rect]:
+    """Each ``(n, 4, 2)`` quadrilateral's axis-aligned box, indexed by its position."""
+    return [
+        Rect(i, float(p[:, 0].min()), float(p[:, 1].min()), float(p[:, 0].max()), float(p[:, 1].max()))
+        for i, p in enumerate(points)
+    ]
+
+
+def _in_regions(rects: list[Rect], regions: list[Rect], line: float) -> list[list[Rect]]:
+    """The blocks of a page whose lines ``rects`` a layout model grouped into ``regions``, in
+    reading order (module docstring, **Regions**)."""
+    boxes = np.asarray([[r.x0, r.y0, r.x1, r.y1] for r in rects])
+    areas = np.asarray([[r.x0, r.y0, r.x1, r.y1] for r in regions])
+    across = np.minimum(boxes[:, None, 2], areas[None, :, 2]) - np.maximum(boxes[:, None, 0], areas[None, :, 0])
+    down = np.minimum(boxes[:, None, 3], areas[None, :, 3]) - np.maximum(boxes[:, None, 1], areas[None, :, 1])
+    share = np.clip(across, 0, None) * np.clip(down, 0, None)
+    share /= np.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1e-6)[:, None]
+    size = (areas[:, 2] - areas[:, 0]) * (areas[:, 3] - areas[:, 1])
+    best = np.lexsort((-np.broadcast_to(size, share.shape), -share.round(3)), axis=1)[:, 0]
+    members: dict[int, list[Rect]] = {}
+    units = []
+    for rect, region, held in zip(rects, best, share[np.arange(len(rects)), best], strict=True):
+        if held >= REGION_SHARE:
+            members.setdefault(int(region), []).append(rect)
+        else:
+            units.append(rect)
+    if not members:
+        return _cut(rects, line)
+    for lines in members.values():
+        box = (min(r.x0 for r in lines), min(r.y0 for r in lines), max(r.x1 for r in lines), max(r.y1 for r in lines))
+        units.append(Rect(-1, *box, tuple(lines)))
+    blocks: list[list[Rect]] = []
+    for group in _cut(units, line, regions=True):
+        loose: list[Rect] = []  # lines of no region, read together until the next region
+        for unit in sorted(group, key=lambda u: (u.y0, u.x0)):
+            if unit.lines:
+                blocks += _cut(loose, line) if loose else []
+                blocks += _cut(list(unit.lines), line)
+                loose = []
+            else:
+                loose.append(unit)
+        blocks += _cut(loose, line) if loose else []
+    return blocks
+
+
 def _vertical(points: np.ndarray) -> bool:
     """True where most of the text (by box area) is in tall boxes: vertical writing."""
     w = points[..., 0].max(axis=1) - points[..., 0].min(axis=1)
@@ -255,17 +323,18 @@ def _rotate(points: np.ndarray, degrees: float) -> np.ndarray:
     return np.stack([x * math.cos(a) - y * math.sin(a), x * math.sin(a) + y * math.cos(a)], axis=-1)
 
 
-def _cut(rects: list[Rect], line: float) -> list[list[Rect]]:
-    """The blocks of a region in reading order (module docstring, step 2)."""
+def _cut(rects: list[Rect], line: float, regions: bool = False) -> list[list[Rect]]:
+    """The blocks of a region in reading order (module docstring, step 2); ``regions``: ``rects``
+    are layout regions and lines of none (:func:`_bands`)."""
     cuts = (
-        lambda: _bands(rects, line, SECTION_GAP),
+        lambda: _bands(rects, line, SECTION_GAP, regions),
         lambda: _columns(rects, line),
-        lambda: _bands(rects, line, BAND_GAP),
+        lambda: _bands(rects, line, BAND_GAP, regions),
     )
     for cut in cuts:  # each tried only where the one before did not split the region
         parts = cut()
         if len(parts) > 1:
-            return [block for part in parts for block in _cut(part, line)]
+            return [block for part in parts for block in _cut(part, line, regions)]
     return [rects]
 
 
@@ -335,17 +404,20 @@ def _column_like(rects: list[Rect], region: float) -> bool:
     :data:`MIN_COLUMN_SHARE` of it, and their median line is :data:`MIN_COLUMN_ASPECT` times wider
     than tall (a receipt's amounts, a table's figures are not: their rows are read across)."""
     extent = max(r.x1 for r in rects) - min(r.x0 for r in rects)
-    aspect = statistics.median((r.x1 - r.x0) / max(r.height, 1e-6) for r in rects)
+    lines = [line for r in rects for line in (r.lines or (r,))]  # a region's lines, not its box
+    aspect = statistics.median((r.x1 - r.x0) / max(r.height, 1e-6) for r in lines)
     return extent >= MIN_COLUMN_SHARE * region and aspect >= MIN_COLUMN_ASPECT
 
 
-def _bands(rects: list[Rect], line: float, least: float) -> list[list[Rect]]:
+def _bands(rects: list[Rect], line: float, least: float, regions: bool = False) -> list[list[Rect]]:
     """The region cut in two at its widest horizontal gap of at least ``least`` line heights and
     :data:`PARAGRAPH_GAP` times the gap between its lines where most of them have one (tight boxes
-    of a PDF's text layer; a detector's padded boxes touch), top first; or the region alone."""
+    of a PDF's text layer; a detector's padded boxes touch; not between ``regions``), top first;
+    or the region alone."""
     gaps = _gaps([(r.y0, r.y1) for r in rects])
     rows = len(_rows(rects, line))
-    spacing = statistics.median(b - a for a, b in gaps) if rows > 2 and len(gaps) >= rows / 2 else 0.0
+    lined = rows > 2 and len(gaps) >= rows / 2 and not regions  # a gap between regions is a gap between blocks
+    spacing = statistics.median(b - a for a, b in gaps) if lined else 0.0
     wide = [g for g in gaps if g[1] - g[0] >= max(least * line, PARAGRAPH_GAP * spacing)]
     if not wide:
         return [rects]

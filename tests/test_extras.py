@@ -156,3 +156,30 @@ def test_scripts_name_their_extra(script, extra, dist, tmp_path):
     assert done.returncode == 2, done.stderr
     assert f"needs the {extra} extra ({dist} 0.1" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+LAYOUT_MISSING = (
+    "engine.onnx.layout_model needs the layout extra (rapid-layout is not installed): pip install 'ocrserve[layout]'"
+)
+
+
+def test_the_layout_model_without_its_extra_is_a_value_error_naming_it(monkeypatch):
+    """Off by default, the layout model's rapid-layout is an extra: the default engine never
+    imports it, and an engine built with it on but without it says which install brings it."""
+    from ocrserve.config import load_config
+    from ocrserve.engines import create_engine
+
+    monkeypatch.setitem(sys.modules, "rapid_layout", None)  # import rapid_layout: ModuleNotFoundError
+    assert type(create_engine(load_config("local", environ={}))).__name__ == "OnnxEngine"
+    with pytest.raises(ValueError) as raised:
+        create_engine(load_config("local", ["engine.onnx.layout_model=true"], environ={}))
+    assert str(raised.value) == LAYOUT_MISSING
+
+
+def test_launch_with_the_layout_model_names_the_layout_extra(tmp_path):
+    from importlib import metadata
+
+    if "layout" not in (metadata.distribution("ocrserve").metadata.get_all("Provides-Extra") or []):
+        pytest.skip("the installed ocrserve's metadata predates the layout extra: pip install -e '.[layout]'")
+    args = ("launch", "--dry-run", "--set", "engine.onnx.layout_model=true")
+    assert_names_the_extra(ocrserve(*args, path=old_release(tmp_path, "rapid_layout")), "layout", "rapid-layout 0.1")

@@ -123,3 +123,48 @@ def test_boxes_off_the_page_are_held_to_it():
     """A VLM may write any numbers in its boxes: ordering costs the page's size, not the box's."""
     boxes = {"far": rect(0, 0, 1e12, 30), "here": rect(10, 100, 200, 130)}
     assert texts(boxes) == ["far", "here"]
+
+
+def headline_over_columns() -> dict[str, list[list[float]]]:
+    """A headline 10 px above two columns of eight lines (30 px tall every 40 px): too close for
+    a section break, and across the gutter, so the XY-cut finds neither."""
+    boxes = {"Headline": rect(100, 100, 900, 140)}
+    for i in range(8):
+        y = 150 + 40 * i
+        boxes[f"left{i}"] = rect(100, y, 480, y + 30)
+        boxes[f"right{i}"] = rect(520, y, 900, y + 30)
+    return boxes
+
+
+COLUMN_REGIONS = [[95, 95, 905, 145], [95, 148, 485, 470], [515, 148, 905, 470]]
+COLUMNS_READ = ["Headline"] + [f"left{i}" for i in range(8)] + [f"right{i}" for i in range(8)]
+
+
+def test_layout_regions_keep_columns_apart_under_a_headline_that_spans_them():
+    assert texts(headline_over_columns())[:3] == ["Headline", "left0", "right0"]  # boxes alone: across
+    arranged = arrange(lines_of(headline_over_columns()), W, H, regions=COLUMN_REGIONS)
+    assert [line.text for line in arranged.lines] == COLUMNS_READ
+    assert [len(block["lines"]) for block in arranged.blocks] == [1, 8, 8]
+
+
+def test_lines_of_no_region_are_read_among_the_regions_by_the_xy_cut():
+    boxes = {**headline_over_columns(), "footer": rect(450, 1300, 550, 1330)}
+    regions = [COLUMN_REGIONS[1], COLUMN_REGIONS[2], [0, 0, 40, 40]]  # the headline's and the footer's missed
+    assert texts_with(boxes, regions) == [*COLUMNS_READ, "footer"]
+
+
+def test_a_line_in_two_regions_goes_to_the_one_holding_more_of_it_then_the_larger():
+    regions = [COLUMN_REGIONS[0], [95, 148, 485, 470], [515, 148, 905, 470], [95, 148, 485, 300]]
+    assert texts_with(headline_over_columns(), regions) == COLUMNS_READ  # the nested region holds nothing
+
+
+def test_regions_turn_with_the_page():
+    """A page turned 90 degrees clockwise: its boxes and regions turn alike (x, y) -> (H - y, x)."""
+    turn = lambda x0, y0, x1, y1: [H - y1, x0, H - y0, x1]  # noqa: E731
+    boxes = {text: rect(*turn(*box[0], *box[2])) for text, box in headline_over_columns().items()}
+    regions = [turn(*region) for region in COLUMN_REGIONS]
+    assert [line.text for line in arrange(lines_of(boxes), H, W, 90, regions).lines] == COLUMNS_READ
+
+
+def texts_with(boxes: dict[str, list[list[float]]], regions: list[list[float]]) -> list[str]:
+    return [line.text for line in arrange(lines_of(boxes), W, H, regions=regions).lines]

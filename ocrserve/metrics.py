@@ -68,10 +68,16 @@ REQUEST_LATENCY_SECONDS = Histogram(
 )
 SLOTS_IN_USE = Gauge("ocrserve_engine_slots_in_use", "Pages in the engine now.")
 ENGINE_PAGES = Counter("ocrserve_engine_pages", "Pages handed to the engine, by lane.", ["lane"])
+PROBLEMS = Counter(
+    "ocrserve_problems",
+    "Problem responses (RFC 9457) the gateway answered, by their type's last segment (queue-full, "
+    "deadline-unmeetable, latency-target, engine-down, ...) and HTTP status.",
+    ["type", "status"],
+)
 REJECTIONS = Counter(
     "ocrserve_rejections",
-    "Requests or pages refused or dropped, by lane and reason (queue_full, deadline_unmeetable, deadline, "
-    "cancelled, too_large, rate_limited, tenant_quota).",
+    "Requests or pages refused or dropped, by lane and reason (queue_full, deadline_unmeetable, latency_target, "
+    "deadline, cancelled, too_large, rate_limited, tenant_quota).",
     ["lane", "reason"],
 )
 ABORTED_PAGES = Counter(

@@ -36,13 +36,16 @@ def problem_body(problem: ProblemError) -> dict:
 
 
 def problem_response(problem: ProblemError) -> JSONResponse:
-    """``application/problem+json`` response for ``problem``, with its extra headers."""
+    """``application/problem+json`` response for ``problem``, with its extra headers; counted in
+    ``ocrserve_problems_total``."""
+    metrics.PROBLEMS.labels(problem.slug, str(problem.status)).inc()
     return JSONResponse(
         problem_body(problem), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON
     )
 
 
 def _generic(status: int, title: str, detail: str, slug: str, headers: dict | None = None) -> JSONResponse:
+    metrics.PROBLEMS.labels(slug, str(status)).inc()
     body = with_request_id({"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail})
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 

@@ -11,21 +11,22 @@ import yaml
 from typer.testing import CliRunner
 
 from ocrserve.gpu import lengths as lengths_mod
-from ocrserve.gpu.lengths import LengthsError, OutputLengths, count_tokens, from_corpus, from_report, load
+from ocrserve.gpu.lengths import LengthsError, OutputLengths, from_corpus, from_report, load
 from ocrserve.gpu.overflow import block_pmf, overflow_curve, statistical_seqs, worst_case_seqs
 from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import lookup
 from ocrserve.gpu.scheduler_model import GpuStepTime, LinearStepTime, simulate, speedup_at
 from ocrserve.models import RegistryError, get_model, load_registry
 from ocrserve.models.schema import REGISTRY_DIR
+from ocrserve.models.tokens import reply_tokens
 
 # --- the output-length model ---------------------------------------------------------------
 
 
 def _corpus(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "latin.gt.txt").write_text("x" * 400, encoding="utf-8")  # 100 tokens at 4 chars
-    (tmp_path / "a" / "cjk.gt.txt").write_text("文" * 300, encoding="utf-8")  # 200 tokens at 1.5 chars
+    (tmp_path / "a" / "latin.gt.txt").write_text("x" * 400, encoding="utf-8")  # 120 tokens at 0.3 a char, + 1
+    (tmp_path / "a" / "cjk.gt.txt").write_text("文" * 300, encoding="utf-8")  # 180 tokens at 0.6 a char, + 1
     (tmp_path / "a" / "two.gt.txt").write_text("y" * 40 + "\f" + "z" * 80, encoding="utf-8")  # 2 pages
     (tmp_path / "a" / "zones.uzn").write_text("not text", encoding="utf-8")
     index = [
@@ -38,10 +39,18 @@ def _corpus(tmp_path):
     return tmp_path
 
 
+def test_reply_tokens_are_characters_at_their_scripts_ratio_plus_the_end():
+    assert reply_tokens("") == 1
+    assert reply_tokens("a" * 10) == 4  # 10 x 0.3 = 3 tokens, + the end token
+    assert reply_tokens("a" * 11) == 5  # 3.3, rounded up
+    assert reply_tokens("中文。，") == 4  # 4 x 0.6 = 2.4 (CJK punctuation and full-width forms are CJK)
+    assert reply_tokens("ab中文") == 3  # 0.6 + 1.2, rounded up, + 1
+    assert reply_tokens("한국어") == 3  # hangul: 1.8 -> 2, + 1
+
+
 def test_corpus_lengths_count_latin_and_cjk_at_their_ratios(tmp_path):
-    assert count_tokens("abcd" * 10) == 10 and count_tokens("文字") == pytest.approx(2 / 1.5)
     got = from_corpus(_corpus(tmp_path))
-    assert sorted(got.samples) == [10, 20, 100, 200]  # one sample a page; the zone file skipped
+    assert sorted(got.samples) == [13, 25, 121, 181]  # one sample a page; the zone file skipped
     assert got.kind == "corpus" and "tokenizer is not local" in got.source
     assert load(tmp_path).samples == got.samples  # a folder with index.json is a corpus
 

@@ -301,7 +301,7 @@ def test_speculative_plan_adds_the_drafts_memory_and_config():
     assert drafted.vllm_args["speculative_config"] == {
         "method": "dflash",
         "model": "tencent/HunyuanOCR-1.5-DFlash",
-        "num_speculative_tokens": 8,
+        "num_speculative_tokens": 15,  # serve_DFlash.sh's NUM_SPEC_TOKENS
     }
     assert drafted.value("weights_bytes") > plain.value("weights_bytes")
     assert drafted.value("kv_bytes_per_token") > plain.value("kv_bytes_per_token")

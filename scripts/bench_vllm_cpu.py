@@ -11,8 +11,8 @@ The random model never ends its reply, so each reply is ended after an OCR-shape
 loads the bench's logits processor (``--logits-processors
 ocrserve.bench.vllm_lengths:ForcedLengths``, through ``vllm.extra_args``), which draws a length per
 request, with ``--seed``, from the output lengths of the corpus's ground truth
-(:func:`ocrserve.bench.forced_lengths.corpus_output_lengths`: ``--chars-per-token`` characters a token,
-one per CJK character) and forces the end token there. Nothing of this is in the gateway.
+(:func:`ocrserve.bench.forced_lengths.corpus_output_lengths`, characters per token of
+:data:`ocrserve.models.tokens.CHARS_PER_TOKEN`) and forces the end token there. Nothing of this is in the gateway.
 
 Prints the lengths used, the sweep's table (pages/s, output tokens/s estimated from the mean drawn
 length, p50/p95, queue p95), the knee and the recommendation for ``--p95``; ``ocrserve bench``
@@ -43,13 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ocrserve.bench.forced_lengths import (  # noqa: E402
-    CHARS_PER_TOKEN,
     LENGTHS_ENV,
     SEED_ENV,
     corpus_output_lengths,
     write_lengths,
 )
 from ocrserve.evaluation import locate_corpus  # noqa: E402
+from ocrserve.models.tokens import describe  # noqa: E402
 
 #: Small single-page images sent (under the corpus): the vision encoder and the gateway's
 #: preprocessing stay a small part of a page, so decoding is what the sweep measures.
@@ -76,7 +76,6 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load per value")
     parser.add_argument("--p95", type=float, default=60.0, help="latency target for the recommendation, s")
     parser.add_argument("--seed", type=int, default=0, help="seed of the output-length draws")
-    parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
     parser.add_argument("--threads-bind", default="0", help="vllm.cpu_threads_bind (0: one core for vLLM)")
     parser.add_argument(
         "--deadline",
@@ -98,12 +97,12 @@ def main() -> int:
     from tiny_hunyuan import build_tiny_hunyuan
 
     model = build_tiny_hunyuan(work / "tiny-hunyuan", head_dim=32)  # vLLM's CPU attention: 32, not 16
-    rows = corpus_output_lengths(corpus, args.chars_per_token)
-    lengths = write_lengths(work / "lengths.json", rows, args.chars_per_token)
+    rows = corpus_output_lengths(corpus)
+    lengths = write_lengths(work / "lengths.json", rows)
     mean = statistics.fmean(lengths)
     print(
-        f"output lengths: {len(lengths)} pages of ground truth in {corpus}, {args.chars_per_token:g} characters a "
-        f"token (CJK: 1): mean {mean:.0f}, median {statistics.median(lengths):.0f}, "
+        f"output lengths: {len(lengths)} pages of ground truth in {corpus}, {describe()}: mean {mean:.0f}, "
+        f"median {statistics.median(lengths):.0f}, "
         f"{min(lengths)}..{max(lengths)} tokens; seed {args.seed}"
     )
     command = [

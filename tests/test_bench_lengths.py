@@ -23,7 +23,6 @@ from ocrserve.bench.forced_lengths import (  # noqa: E402
     ForcedEnd,
     LengthSampler,
     corpus_output_lengths,
-    output_tokens,
     read_lengths,
     write_lengths,
 )
@@ -43,15 +42,6 @@ def params(eos=7):
     return SimpleNamespace(eos_token_id=eos, all_stop_token_ids={eos})
 
 
-def test_tokens_are_characters_over_the_ratio_one_per_cjk_character_and_the_end():
-    assert output_tokens("") == 1
-    assert output_tokens("abc") == 2  # 3 characters / 3 + the end token
-    assert output_tokens("abcd") == 3
-    assert output_tokens("中文。") == 4  # one a CJK character (and CJK punctuation)
-    assert output_tokens("ab中文") == 1 + 2 + 1
-    assert output_tokens("a" * 40, chars_per_token=4) == 11
-
-
 def test_corpus_lengths_come_from_each_page_of_non_partial_ground_truth(tmp_path):
     (tmp_path / "a.gt.txt").write_text("x" * 30 + "\f" + "y" * 3 + "\f  \n", encoding="utf-8")
     (tmp_path / "b.gt.txt").write_text("中文", encoding="utf-8")
@@ -65,14 +55,14 @@ def test_corpus_lengths_come_from_each_page_of_non_partial_ground_truth(tmp_path
     (tmp_path / "index.json").write_text(json.dumps(index))
     rows = corpus_output_lengths(tmp_path)
     assert [(r["file"], r["page"], r["chars"], r["tokens"]) for r in rows] == [
-        ("a.tif", 1, 30, 11),
+        ("a.tif", 1, 30, 10),
         ("a.tif", 2, 3, 2),
         ("b.png", 1, 2, 3),
     ]
     (tmp_path / "index.json").unlink()  # without an index: every *.gt.txt
     assert len(corpus_output_lengths(tmp_path)) == 4
     written = write_lengths(tmp_path / "lengths.json", rows)
-    assert written == read_lengths(tmp_path / "lengths.json") == [11, 2, 3]
+    assert written == read_lengths(tmp_path / "lengths.json") == [10, 2, 3]
 
 
 def test_the_sampler_repeats_its_draws_for_a_seed_and_reads_the_environment(tmp_path):

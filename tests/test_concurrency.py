@@ -11,21 +11,28 @@ import yaml
 from typer.testing import CliRunner
 
 from ocrserve.gpu import lengths as lengths_mod
-from ocrserve.gpu.lengths import LengthsError, OutputLengths, count_tokens, from_corpus, from_report, load
-from ocrserve.gpu.overflow import block_pmf, overflow_curve, statistical_seqs, worst_case_seqs
+from ocrserve.gpu.lengths import LengthsError, OutputLengths, from_corpus, from_report, load
+from ocrserve.gpu.overflow import (
+    block_pmf,
+    model_checked_seqs,
+    overflow_curve,
+    statistical_seqs,
+    worst_case_seqs,
+)
 from ocrserve.gpu.planner import PlanError, plan_serving
 from ocrserve.gpu.registry import lookup
-from ocrserve.gpu.scheduler_model import GpuStepTime, LinearStepTime, simulate, speedup_at
+from ocrserve.gpu.scheduler_model import GpuStepTime, LinearStepTime, preempted_share, simulate, speedup_at
 from ocrserve.models import RegistryError, get_model, load_registry
 from ocrserve.models.schema import REGISTRY_DIR
+from ocrserve.models.tokens import reply_tokens
 
 # --- the output-length model ---------------------------------------------------------------
 
 
 def _corpus(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "latin.gt.txt").write_text("x" * 400, encoding="utf-8")  # 100 tokens at 4 chars
-    (tmp_path / "a" / "cjk.gt.txt").write_text("文" * 300, encoding="utf-8")  # 200 tokens at 1.5 chars
+    (tmp_path / "a" / "latin.gt.txt").write_text("x" * 400, encoding="utf-8")  # 120 tokens at 0.3 a char, + 1
+    (tmp_path / "a" / "cjk.gt.txt").write_text("文" * 300, encoding="utf-8")  # 180 tokens at 0.6 a char, + 1
     (tmp_path / "a" / "two.gt.txt").write_text("y" * 40 + "\f" + "z" * 80, encoding="utf-8")  # 2 pages
     (tmp_path / "a" / "zones.uzn").write_text("not text", encoding="utf-8")
     index = [
@@ -38,10 +45,18 @@ def _corpus(tmp_path):
     return tmp_path
 
 
+def test_reply_tokens_are_characters_at_their_scripts_ratio_plus_the_end():
+    assert reply_tokens("") == 1
+    assert reply_tokens("a" * 10) == 4  # 10 x 0.3 = 3 tokens, + the end token
+    assert reply_tokens("a" * 11) == 5  # 3.3, rounded up
+    assert reply_tokens("中文。，") == 4  # 4 x 0.6 = 2.4 (CJK punctuation and full-width forms are CJK)
+    assert reply_tokens("ab中文") == 3  # 0.6 + 1.2, rounded up, + 1
+    assert reply_tokens("한국어") == 3  # hangul: 1.8 -> 2, + 1
+
+
 def test_corpus_lengths_count_latin_and_cjk_at_their_ratios(tmp_path):
-    assert count_tokens("abcd" * 10) == 10 and count_tokens("文字") == pytest.approx(2 / 1.5)
     got = from_corpus(_corpus(tmp_path))
-    assert sorted(got.samples) == [10, 20, 100, 200]  # one sample a page; the zone file skipped
+    assert sorted(got.samples) == [13, 25, 121, 181]  # one sample a page; the zone file skipped
     assert got.kind == "corpus" and "tokenizer is not local" in got.source
     assert load(tmp_path).samples == got.samples  # a folder with index.json is a corpus
 
@@ -98,6 +113,15 @@ def test_statistical_n_grows_with_the_target_and_is_the_worst_case_when_every_pa
         assert statistical_seqs(flat, target) == worst
 
 
+def test_model_checked_n_is_the_largest_within_the_target_between_the_bounds():
+    share = {n: 0.0 if n <= 40 else (n - 40) / 200 for n in range(1, 60)}.__getitem__
+    assert model_checked_seqs(50, 3, 0.01, share) == 42  # 2/200 = 1%, 3/200 above it
+    assert model_checked_seqs(50, 3, 0.0, share) == 40
+    assert model_checked_seqs(41, 3, 0.01, share) == 41  # the chance's own N already within it
+    assert model_checked_seqs(50, 45, 0.01, share) == 45  # never below the worst case
+    assert model_checked_seqs(0, 0, 0.01, share) == 0
+
+
 # --- the model of vLLM's scheduler ------------------------------------------------------------
 
 STEP = GpuStepTime(2 * 996_208_112, 98_304, 996_208_112, 2.0e12 * 0.8)
@@ -135,11 +159,40 @@ def test_scheduler_model_preempts_when_n_outgrows_the_cache():
     assert fewer.p95_s < many.p95_s
 
 
+def test_preempted_share_is_zero_at_the_worst_case_and_grows_past_the_cache():
+    scenario = {"kv_blocks": 393, "prefix_tokens": 346, "lengths": [100, 400, 1400], "weights": None}
+    scenario |= {"batched_tokens": 2048, "block": 128, "pages": 300, "warm_up": 50}
+    assert preempted_share(max_num_seqs=3, **scenario) == 0.0
+    shares = [preempted_share(max_num_seqs=n, **scenario) for n in (30, 60, 90)]
+    assert shares[0] == 0.0 < shares[1] < shares[2]  # 60 pages average 6 blocks: 360 of 393
+
+
+def test_a_window_measures_the_pages_that_finish_in_it():
+    step = LinearStepTime(0.01, 0.001)
+    run = simulate(
+        max_num_seqs=4, kv_blocks=1000, prefix_tokens=100, lengths=[50], weights=None, step_time=step,
+        batched_tokens=2048, in_flight=8, window=(2.0, 12.0),
+    )  # fmt: skip
+    # 4 at once, 50 steps of 14 ms a page: 4 pages every 0.7 s (plus the prefill steps); 15 such groups in 10 s
+    assert run.pages_per_s == pytest.approx(4 / (50 * 0.014), rel=0.1)
+    assert run.p50_s == pytest.approx(2 * 50 * 0.014, rel=0.1)  # half the clients queue behind the others
+    assert run.mean_running == pytest.approx(4, rel=0.02)
+
+
 def test_step_time_fits_a_plus_b_batch_and_speculation_fades_with_batch():
-    fitted = LinearStepTime.fit([(1, 0.012), (4, 0.018), (8, 0.026)])
+    fitted = LinearStepTime.fit([(1, 1, 0, 0.012), (1, 4, 0, 0.018), (1, 8, 0, 0.026)])
     assert fitted.a == pytest.approx(0.01, abs=1e-3) and fitted.b == pytest.approx(0.002, abs=2e-4)
-    with pytest.raises(ValueError, match="two batch sizes"):
-        LinearStepTime.fit([(4, 0.1), (4, 0.2)])
+    # windows of many steps, as vLLM's counters give them: 3 ms a step, 0.4 ms a running page, 20 us a prefill token
+    windows = [
+        (s, g, p, s * 0.003 + g * 0.0004 + p * 0.00002)
+        for s, g, p in [(900, 2700, 700), (400, 9000, 2800), (350, 16000, 7000)]
+    ]
+    fitted = LinearStepTime.fit(windows)
+    assert (fitted.a, fitted.b, fitted.prefill_per_token) == pytest.approx((0.003, 0.0004, 0.00002))
+    # a negative intercept from noise is dropped, not kept
+    assert LinearStepTime.fit([(1, 1, 0, 0.001), (1, 10, 0, 0.012)]).a == 0.0
+    with pytest.raises(ValueError, match="two mean batch sizes"):
+        LinearStepTime.fit([(1, 4, 0, 0.1), (2, 8, 0, 0.2)])
     points = [(1, 2.14), (32, 1.80)]
     assert speedup_at(points, 1) == 2.14 and speedup_at(points, 32) == 1.80 and speedup_at(points, 256) == 1.80
     assert 1.80 < speedup_at(points, 8) < 2.14
@@ -248,7 +301,7 @@ def test_speculative_plan_adds_the_drafts_memory_and_config():
     assert drafted.vllm_args["speculative_config"] == {
         "method": "dflash",
         "model": "tencent/HunyuanOCR-1.5-DFlash",
-        "num_speculative_tokens": 8,
+        "num_speculative_tokens": 15,  # serve_DFlash.sh's NUM_SPEC_TOKENS
     }
     assert drafted.value("weights_bytes") > plain.value("weights_bytes")
     assert drafted.value("kv_bytes_per_token") > plain.value("kv_bytes_per_token")
@@ -284,6 +337,16 @@ def test_cli_plan_table_shows_both_n_and_predictions(tmp_path):
     data = json.loads(CliRunner().invoke(_cli(), [*args, "--format", "json"]).stdout)
     assert data["concurrency"]["candidates"][1]["max_num_seqs"] == seqs == data["vllm_args"]["max_num_seqs"]
     assert data["concurrency"]["output_lengths"]["kind"] == "report"
+
+
+def test_cli_capacity_predicts_t_of_b_for_a_gpu_with_the_scheduler_model():
+    args = ["capacity", "--rate", "4", "--p95", "600", "--gpu", "RTX 4090", "--overflow", "0.01"]
+    result = CliRunner().invoke(_cli(), args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "predicted, not measured: tencent/HunyuanOCR on RTX 4090 (profile prod), --max-num-seqs 31" in result.stdout
+    assert "(statistical)" in result.stdout and "replicas:" in result.stdout
+    both = CliRunner().invoke(_cli(), [*args, "--a", "0.1"])
+    assert both.exit_code == 2 and "takes no --from-bench" in both.output
 
 
 def test_cli_plan_speculative_flag(tmp_path):

@@ -5,9 +5,8 @@ against it measures pages of the longest possible reply. To shape the load like 
 is ended after a length drawn from the real output lengths of a corpus: the token count of each
 page's ground truth (``NAME.gt.txt``, pages split at form feeds, as ``../shared/corpus`` keeps them).
 
-The real tokenizer is not local, so tokens are estimated from characters: :data:`CHARS_PER_TOKEN`
-characters a token for text outside CJK scripts and one token per CJK character (see
-:func:`output_tokens`).
+The real tokenizer is not local, so tokens are estimated from characters, at the ratios of
+:data:`ocrserve.models.tokens.CHARS_PER_TOKEN` (:func:`ocrserve.models.tokens.reply_tokens`).
 
 :class:`ForcedEnd` is the per-batch state of vLLM's logits processor
 :class:`ocrserve.bench.vllm_lengths.ForcedLengths` (loaded into ``vllm serve`` with
@@ -21,18 +20,11 @@ import json
 import math
 import os
 import random
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-#: Characters a token for text outside CJK scripts. English prose averages ~4 characters a token in
-#: large BPE vocabularies; OCR text (line breaks, digits, codes, names, short words, German and
-#: French) tokenizes worse, so 3 over-counts a little: the load is, if anything, heavier than real.
-CHARS_PER_TOKEN = 3.0
-#: CJK characters (kana, CJK ideographs, compatibility ideographs, full-width forms and CJK
-#: punctuation): one token each, the upper figure for a vocabulary that holds the common ones
-#: (multi-character word tokens only shorten it).
-CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+from ocrserve.models.tokens import describe, reply_tokens
+
 #: The lengths file (JSON: a list of token counts, or an object with ``lengths``) the processor reads.
 LENGTHS_ENV = "OCRBENCH_OUTPUT_LENGTHS"
 #: The seed of its draws (default 0).
@@ -41,17 +33,10 @@ SEED_ENV = "OCRBENCH_OUTPUT_SEED"
 PARTIAL = "partial"
 
 
-def output_tokens(text: str, chars_per_token: float = CHARS_PER_TOKEN) -> int:
-    """Estimated tokens of ``text`` as a reply: ``ceil(other characters / chars_per_token)`` plus one
-    per CJK character, plus the end token; at least 1."""
-    cjk = len(CJK.findall(text))
-    return math.ceil((len(text) - cjk) / chars_per_token) + cjk + 1
-
-
-def corpus_output_lengths(corpus: Path, chars_per_token: float = CHARS_PER_TOKEN) -> list[dict]:
+def corpus_output_lengths(corpus: Path) -> list[dict]:
     """One entry per page with ground truth in ``corpus`` (``index.json``'s documents whose
     ``gt_quality`` is not partial, else every ``*.gt.txt`` below it): ``file``, ``page`` (from 1),
-    ``chars`` and ``tokens`` (:func:`output_tokens`). Blank pages are skipped."""
+    ``chars`` and ``tokens`` (:func:`ocrserve.models.tokens.reply_tokens`). Blank pages are skipped."""
     index = corpus / "index.json"
     if index.is_file():
         entries = json.loads(index.read_text(encoding="utf-8"))
@@ -65,9 +50,7 @@ def corpus_output_lengths(corpus: Path, chars_per_token: float = CHARS_PER_TOKEN
             continue
         for number, page in enumerate(path.read_text(encoding="utf-8").split("\f"), 1):
             if page.strip():
-                rows.append(
-                    {"file": name, "page": number, "chars": len(page), "tokens": output_tokens(page, chars_per_token)}
-                )
+                rows.append({"file": name, "page": number, "chars": len(page), "tokens": reply_tokens(page)})
     return rows
 
 
@@ -177,13 +160,13 @@ class ForcedEnd:
         return logits
 
 
-def write_lengths(path: Path, rows: Iterable[dict], chars_per_token: float = CHARS_PER_TOKEN) -> list[int]:
+def write_lengths(path: Path, rows: Iterable[dict]) -> list[int]:
     """Write a lengths file from :func:`corpus_output_lengths` rows (the lengths, the ratio and the
     pages they came from); return the lengths."""
     rows = list(rows)
     lengths = [r["tokens"] for r in rows]
     path.write_text(
-        json.dumps({"chars_per_token": chars_per_token, "lengths": lengths, "pages": rows}, indent=1),
+        json.dumps({"tokens": describe(), "lengths": lengths, "pages": rows}, indent=1),
         encoding="utf-8",
     )
     return lengths

@@ -32,6 +32,11 @@ from ocrserve.bench.load import (
 from ocrserve.bench.mixed import mixed
 from ocrserve.bench.report import cost, plot_capacity, quality, write, write_mixed
 from ocrserve.cli.common import Overrides, documents_or_exit, err_console, require_extra
+from ocrserve.cli.plan import gpu_plan, profile_settings
+from ocrserve.gpu.lengths import LengthsError
+from ocrserve.gpu.planner import PlanError
+from ocrserve.gpu.registry import GpuError
+from ocrserve.models import ModelError
 
 #: Longest wait for a started gateway's /readyz, seconds: one that launches vLLM (cpu-vllm on 2 busy
 #: cores) took 100 s; one that exits is noticed at once.
@@ -568,6 +573,27 @@ def capacity(
     plot: Annotated[
         Path | None, typer.Option(metavar="PNG", help="Plot predicted p95 against arrival rate here.")
     ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="Predict T(B) for this GPU with the model of vLLM's scheduler instead of measuring it "
+            "(no --from-bench); a registry GPU, e.g. 'H100 80GB'."
+        ),
+    ] = None,
+    model_id: Annotated[
+        str | None, typer.Option("--model", help="With --gpu: the registry model (default HunyuanOCR).")
+    ] = None,
+    output_lengths: Annotated[
+        str | None,
+        typer.Option(help="With --gpu: output tokens per page, a bench report or a corpus (default: the prior)."),
+    ] = None,
+    overflow: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=0.999, help="With --gpu: plan --max-num-seqs statistically at this overflow chance."),
+    ] = None,
+    profile: Annotated[
+        str, typer.Option(help="With --gpu: the profile ocrserve plan reads (pixel budget, vllm settings).")
+    ] = "prod",
 ) -> None:
     """Replicas and predicted latency for an arrival rate.
 
@@ -575,15 +601,30 @@ def capacity(
     (mu x utilization)) replicas, each offered rate / N, and a discrete-event simulation of the
     batch server (T(B) = a + b x B) predicts each one's p95; Little's law gives the pages in flight.
 
+    T(B) comes from a bench report, from --a/--b/--max-batch, or, with --gpu, from the model of
+    vLLM's scheduler (ocrserve plan's prediction: KV-block admission, decode steps from the GPU's
+    memory bandwidth, preemption) run at 1, 2, 4, ... pages in flight up to the plan's
+    --max-num-seqs: a prediction, no GPU ran it.
+
     Examples:
 
         ocrserve capacity --rate 20 --p95 5 --from-bench bench-report/report.json
 
         ocrserve capacity --rate 3 --p95 2 --a 0.2 --b 0.15 --max-batch 2 --plot p95.png
+
+        ocrserve capacity --rate 10 --p95 120 --gpu "H100 80GB" --overflow 0.01
     """
     if plot:
         require_extra("bench", "ocrserve capacity --plot")
-    model = _model(from_bench, a, b, max_batch)
+    if gpu:
+        if from_bench or a is not None or b is not None or max_batch is not None:
+            err_console.print(
+                "[red]error:[/red] --gpu predicts T(B); it takes no --from-bench, --a, --b or --max-batch"
+            )
+            raise typer.Exit(2)
+        model = _predicted_model(profile, gpu, model_id, output_lengths, overflow)
+    else:
+        model = _model(from_bench, a, b, max_batch)
     count = replicas(rate, model.max_rate, utilization)
     while True:
         try:
@@ -614,6 +655,34 @@ def capacity(
         plot_capacity(model, p95, plot)
         console.print(f"wrote {plot}")
     raise typer.Exit(0 if predicted <= p95 else 1)
+
+
+def _predicted_model(
+    profile: str, gpu: str, model_id: str | None, lengths_from: str | None, overflow: float | None
+) -> ServiceModel:
+    """T(B) fitted to the scheduler model's predicted pages/s at 1, 2, 4, ... pages in flight, up to
+    the ``--max-num-seqs`` ``ocrserve plan --profile PROFILE`` plans for ``model_id`` on ``gpu``
+    (:mod:`ocrserve.gpu.concurrency`)."""
+    settings = profile_settings(profile, model_id, [])
+    try:
+        plan = gpu_plan(settings, model=model_id, gpu=gpu, output_lengths=lengths_from, overflow=overflow)
+    except (ModelError, GpuError, PlanError, LengthsError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    concurrency = plan.concurrency
+    if concurrency is None or concurrency.model is None:
+        err_console.print(f"[red]error:[/red] no prediction for {plan.gpu.name}: its memory bandwidth is unknown")
+        raise typer.Exit(2)
+    seqs = plan.vllm_args["max_num_seqs"]
+    model = ServiceModel.fit(concurrency.model.throughput_curve(seqs))
+    chosen = "statistical" if seqs == concurrency.candidate("statistical").seqs else "worst case"
+    Console().print(
+        f"predicted, not measured: {plan.model.id} on {plan.gpu.name} (profile {profile or 'none'}), "
+        f"--max-num-seqs {seqs} ({chosen}); {concurrency.lengths.describe(plan.model.max_tokens)}; "
+        f"{concurrency.step_time}",
+        highlight=False,
+    )
+    return model
 
 
 def _model(from_bench, a, b, max_batch) -> ServiceModel:

@@ -38,7 +38,7 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _profile_settings(profile: str, model: str | None, overrides: list[str]) -> dict:
+def profile_settings(profile: str, model: str | None, overrides: list[str]) -> dict:
     """Model, pixel budget and ``vllm`` section of a profile with ``--set`` ``overrides`` applied;
     empty for ``--profile ''``.
 
@@ -194,8 +194,7 @@ def plan(
 
         ocrserve plan --profile cpu-vllm --set engine.model=./my-model     # vLLM's CPU backend on this host
     """
-    settings = _profile_settings(profile, model, list(set_ or []))
-    vllm_settings = dict(settings.get("vllm") or {})
+    settings = profile_settings(profile, model, list(set_ or []))
     if settings.get("device") == "cpu":
         gpu_options = {
             "--gpu": gpu != "auto",
@@ -218,32 +217,21 @@ def plan(
         )
         return
     try:
-        spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
-        lengths_from = output_lengths or settings.get("output_lengths") or None
-        lengths = load_lengths(lengths_from) if lengths_from else None
-        target = overflow if overflow is not None else settings.get("overflow")
-        compared = fmt is not Format.argv and not compare_defaults_
-        gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
-        util = gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90
-        result = plan_serving(
-            spec,
-            gpu_spec,
-            gpus=gpus or detected,
-            gpu_memory_utilization=util,
-            min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
-            max_pixels=max_pixels or settings.get("max_pixels"),
-            factor=settings.get("factor"),
+        result = gpu_plan(
+            settings,
+            model=model,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            gpus=gpus,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_pixels=max_pixels,
             max_tokens=max_tokens,
-            max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
-            p95_seconds=p95,
-            overrides=vllm_settings,
-            vllm_version=vllm_version or settings.get("vllm_version"),
-            gateway_overcommit=settings.get("overcommit", 1.0),
-            gateway_burst=settings.get("burst", 0),
-            output_lengths=lengths or (_prior(spec, settings.get("task", "text")) if compared else None),
-            overflow_target=target,
-            speculative=speculative or bool(settings.get("speculative")),
-            predict=compared,
+            p95=p95,
+            vllm_version=vllm_version,
+            output_lengths=output_lengths,
+            overflow=overflow,
+            speculative=speculative,
+            predict=fmt is not Format.argv and not compare_defaults_,
         )
     except (ModelError, GpuError, PlanError, LengthsError) as exc:
         raise _fail(str(exc)) from None
@@ -255,6 +243,57 @@ def plan(
         Console().print(rendered)
     else:
         typer.echo(rendered)
+
+
+def gpu_plan(
+    settings: dict,
+    *,
+    model: str | None,
+    gpu: str,
+    gpu_memory: float | None = None,
+    gpus: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    max_pixels: int | None = None,
+    max_tokens: int | None = None,
+    p95: float | None = None,
+    vllm_version: str | None = None,
+    output_lengths: str | None = None,
+    overflow: float | None = None,
+    speculative: bool = False,
+    predict: bool = True,
+) -> Plan:
+    """The GPU plan of ``ocrserve plan`` (and ``ocrserve capacity --gpu``): the profile's
+    ``settings`` (:func:`profile_settings`) under the options given; with ``predict``, the three
+    ``--max-num-seqs`` compared with the scheduler model's predictions.
+
+    Raises:
+        ModelError, GpuError, PlanError, LengthsError: what ``plan_serving`` and its inputs raise.
+    """
+    vllm_settings = dict(settings.get("vllm") or {})
+    spec = get_model(model or settings.get("model") or DEFAULT_MODEL)
+    lengths_from = output_lengths or settings.get("output_lengths") or None
+    lengths = load_lengths(lengths_from) if lengths_from else None
+    gpu_spec, detected = resolve_gpu(gpu, gpu_memory)
+    return plan_serving(
+        spec,
+        gpu_spec,
+        gpus=gpus or detected,
+        gpu_memory_utilization=gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90,
+        min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
+        max_pixels=max_pixels or settings.get("max_pixels"),
+        factor=settings.get("factor"),
+        max_tokens=max_tokens,
+        max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
+        p95_seconds=p95,
+        overrides=vllm_settings,
+        vllm_version=vllm_version or settings.get("vllm_version"),
+        gateway_overcommit=settings.get("overcommit", 1.0),
+        gateway_burst=settings.get("burst", 0),
+        output_lengths=lengths or (_prior(spec, settings.get("task", "text")) if predict else None),
+        overflow_target=overflow if overflow is not None else settings.get("overflow"),
+        speculative=speculative or bool(settings.get("speculative")),
+        predict=predict,
+    )
 
 
 def _prior(spec, task: str):

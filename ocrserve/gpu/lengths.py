@@ -8,8 +8,9 @@ places, and says which (``source``, ``kind``):
   for each page (``usage.completion_tokens`` of the streamed reply, kept per point as
   ``completion_tokens``); the lengths the deployment really produced, runaway pages included.
 * ``corpus``: a corpus's ground truth (``index.json`` with ``gt`` files, as ``../shared/corpus``),
-  counted in tokens with a characters-per-token ratio per script (:data:`CHARS_PER_TOKEN`), since
-  the model's tokenizer is not local. Ground truth never loops, so a corpus sample has no runaway
+  counted in tokens with a characters-per-token ratio per script
+  (:data:`ocrserve.models.tokens.CHARS_PER_TOKEN`), since the model's tokenizer is not local, plus
+  the end token. Ground truth never loops, so a corpus sample has no runaway
   page; the prior's runaway share is added to it (:meth:`OutputLengths.with_runaway`).
 * ``prior``: the registry's prior per model and task (``output_tokens`` in the entry, cited), or
   :data:`DEFAULT_PRIOR` (an estimate) where the entry has none: a log-normal through the median and
@@ -24,16 +25,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-CHARS_PER_TOKEN = {"latin": 4.0, "cjk": 1.5}
-"""Characters per token by script, estimates: ~4 characters of English per BPE token (OpenAI's
-rule of thumb for its tokenizers, which these 120k-150k vocabularies resemble on Latin text); CJK
-ideographs and kana take ~1-2 characters a token in Qwen2/Hunyuan-style vocabularies, 1.5 taken.
-Whitespace and punctuation count as Latin. The real tokenizer is not available here."""
+from ocrserve.models.tokens import describe, reply_tokens
+
 PRIOR_POINTS = 400
 """Quantiles a prior's log-normal is drawn at (an even grid of probabilities)."""
 DEFAULT_PRIOR = {
@@ -113,26 +110,6 @@ class OutputLengths:
         )
 
 
-def count_tokens(text: str) -> float:
-    """Estimated tokens of ``text``: CJK characters / :data:`CHARS_PER_TOKEN` ``cjk``, every other
-    character / ``latin``."""
-    cjk = sum(1 for ch in text if _is_cjk(ch))
-    return cjk / CHARS_PER_TOKEN["cjk"] + (len(text) - cjk) / CHARS_PER_TOKEN["latin"]
-
-
-def _is_cjk(ch: str) -> bool:
-    code = ord(ch)
-    return (
-        0x3040 <= code <= 0x30FF  # kana
-        or 0x3400 <= code <= 0x4DBF
-        or 0x4E00 <= code <= 0x9FFF
-        or 0xF900 <= code <= 0xFAFF
-        or 0xAC00 <= code <= 0xD7AF  # hangul
-        or 0x20000 <= code <= 0x2FFFF
-        or (unicodedata.east_asian_width(ch) == "W" and not ch.isascii() and unicodedata.category(ch)[0] == "L")
-    )
-
-
 def from_corpus(folder: Path | str) -> OutputLengths:
     """Lengths from a corpus's ground truth: ``folder/index.json`` lists documents, each with
     ``gt`` files (relative to ``folder``); every ``.gt.txt`` is one page's text, a form feed
@@ -158,14 +135,13 @@ def from_corpus(folder: Path | str) -> OutputLengths:
                 text = (root / name).read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
-            samples += [max(1, math.ceil(count_tokens(page))) for page in text.split("\f") if page.strip()]
+            samples += [reply_tokens(page) for page in text.split("\f") if page.strip()]
     if not samples:
         raise LengthsError(f"{index}: no ground-truth text (.gt.txt) found")
     return OutputLengths(
         tuple(samples),
         "corpus",
-        f"{root} ground truth, tokens = Latin chars / {CHARS_PER_TOKEN['latin']:g} + CJK chars / "
-        f"{CHARS_PER_TOKEN['cjk']:g} (estimate: the tokenizer is not local)",
+        f"{root} ground truth, {describe()}, plus the end token",
     )
 
 

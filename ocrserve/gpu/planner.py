@@ -770,10 +770,12 @@ def _concurrency_steps(c: Concurrency, budget: Budget, target: float) -> list[St
             "pages at once, statistical",
             stat.seqs,
             "seqs",
-            f"largest N with P(N pages' KV blocks > cache) <= {target:g}: {stat.overflow:.3%} at N = {stat.seqs} "
-            f"(exact: N-fold convolution of one page's blocks, ceil((visual + prompt + output) / {BLOCK_SIZE}), "
-            f"all N at their final lengths); worst case {worst.seqs}. max_tokens stays {budget.max_tokens}: a long "
-            "page is never cut; an overflow preempts the newest page, which later recomputes its prefill "
+            f"largest N with P(N pages' KV blocks > cache) <= {target:g}: N = {c.by_chance} (exact: N-fold "
+            f"convolution of one page's blocks, ceil((visual + prompt + output) / {BLOCK_SIZE}), all N at their "
+            f"final lengths), and with at most {target:g} of pages preempted in the scheduler model (3 runs): "
+            f"N = {stat.seqs}, P(overflow) {stat.overflow:.3%}; worst case {worst.seqs}. max_tokens stays "
+            f"{budget.max_tokens}: a long page is never cut; an overflow preempts the newest page, which later "
+            "recomputes its prefill "
             "(vllm/v1/core/sched/scheduler.py _preempt_request)",
         ),
     ]

@@ -25,7 +25,7 @@ Time advances by step: :class:`StepTime` gives a step's seconds from its decode 
 its running requests hold (the KV the step reads) and the prefill tokens it computes. On a GPU,
 :class:`GpuStepTime`, from memory traffic: weights plus the KV read per step over the GPU's
 bandwidth from the registry, prefill at a compute rate (both estimates); on vLLM's CPU backend,
-:class:`LinearStepTime` fitted from measured steps, ``a + b x batch``.
+:class:`LinearStepTime` fitted from measured steps, ``a + b x batch + c x prefill tokens``.
 
 The load is a closed loop: ``in_flight`` pages always submitted (the gateway keeps
 ``max_num_seqs x router.slot_overcommit`` in flight; default ``max_num_seqs``), each a draw from
@@ -37,7 +37,7 @@ at the running batch (:func:`speedup_at`): a step's seconds divided by it. This 
 falls with the batch.
 
 Hook for the wind tunnel: :func:`simulate` takes the same ``StepTime`` a measured run fits
-(:meth:`LinearStepTime.fit` over ``(batch, step seconds)`` from vLLM's logs or metrics) and
+(:meth:`LinearStepTime.fit` over windows of steps from vLLM's metrics) and
 returns :class:`Prediction` with the figures ``ocrserve bench`` measures (pages/s, p95,
 preemptions: vLLM's ``vllm:num_preemptions_total``), so a bench run against the real CPU vLLM
 can be set beside the prediction for the same ``--max-num-seqs``.
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,19 +131,34 @@ class LinearStepTime(StepTime):
         )
 
     @classmethod
-    def fit(cls, steps: Sequence[tuple[int, float]], prefill_per_token: float = 0.0) -> LinearStepTime:
-        """Least squares of measured ``(decode batch, step seconds)``; ``a`` and ``b`` kept >= 0.
+    def fit(cls, windows: Sequence[tuple[int, int, int, float]], source: str = "") -> LinearStepTime:
+        """Least squares of measured windows ``(steps, decode tokens, prefill tokens, seconds)``.
+
+        A window of ``S`` steps whose decode batches sum to ``G`` tokens and whose prefills to
+        ``P`` takes ``a S + b G + c P`` seconds (a step's formula summed over its steps; one step is
+        the window ``(1, batch, prefill, seconds)``). vLLM's metrics give exactly these sums
+        between two scrapes: ``vllm:iteration_tokens_total`` (a histogram observed once a step:
+        its ``_count`` is ``S``), ``vllm:generation_tokens_total`` (``G``) and the histogram's
+        ``_sum`` less ``G`` (``P``; ``vllm/v1/metrics/loggers.py``). Coefficients are kept >= 0:
+        one that comes out negative is set to 0 and the others refitted.
 
         Raises:
-            ValueError: fewer than two distinct batch sizes.
+            ValueError: fewer than two windows, or decode tokens per step all alike (``a`` and
+                ``b`` cannot be told apart).
         """
-        if len({b for b, _ in steps}) < 2:
-            raise ValueError("fitting a + b x batch needs steps at two batch sizes or more")
-        x = np.array([b for b, _ in steps], float)
-        y = np.array([s for _, s in steps], float)
-        slope = max(0.0, float(np.polyfit(x, y, 1)[0]))
-        intercept = max(0.0, float(y.mean() - slope * x.mean()))
-        return cls(intercept, slope, prefill_per_token, f"fitted to {len(steps)} measured steps")
+        rows = np.array([[s, g, p] for s, g, p, _ in windows], float)
+        seconds = np.array([t for *_, t in windows], float)
+        batches = {round(g / s, 3) for s, g, _, _ in windows if s}
+        if len(windows) < 2 or len(batches) < 2:
+            raise ValueError("fitting a + b x batch needs windows at two mean batch sizes or more")
+        used = [0, 1, 2] if rows[:, 2].any() else [0, 1]
+        while True:
+            coef = np.linalg.lstsq(rows[:, used], seconds, rcond=None)[0]
+            if (coef >= 0).all() or len(used) == 1:
+                break
+            used.pop(int(np.argmin(coef)))
+        full = dict(zip(used, np.clip(coef, 0.0, None), strict=True))
+        return cls(full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0), source or f"fitted to {len(windows)} windows")
 
 
 def speedup_at(points: Sequence[tuple[int, float]], batch: int) -> float:
@@ -201,8 +216,12 @@ def simulate(
     warm_up: int = WARM_UP_PAGES,
     seed: int = 0,
     block: int = BLOCK_SIZE,
+    window: tuple[float, float] | None = None,
+    draws: Sequence[int] | None = None,
 ) -> Prediction:
-    """Run the closed loop of the module docstring and measure after ``warm_up`` pages.
+    """Run the closed loop of the module docstring and measure after ``warm_up`` pages, or, with
+    ``window``, the pages that finish between its two times (seconds from the start, all
+    ``in_flight`` pages submitted at 0: how a wind-tunnel run measures).
 
     Args:
         max_num_seqs: ``--max-num-seqs``.
@@ -214,26 +233,35 @@ def simulate(
         in_flight: pages submitted at once (default ``max_num_seqs``).
         speedup: a speculative decoder's ``(concurrency, speedup)`` points; empty for none.
         pages, warm_up, seed: how many pages are measured, after how many, and the draws' seed.
+        block: tokens a KV block holds (16 on a GPU; 128 on vLLM's CPU backend).
+        window: ``(start, end)`` seconds to measure in, in place of ``pages`` and ``warm_up``.
+        draws: the pages' output lengths in the order they are submitted (a measured run's own),
+            drawn on from ``lengths`` once they run out; None: all drawn.
 
     Raises:
         ValueError: a page that alone does not fit the cache (vLLM refuses to start then).
     """
     rng = np.random.default_rng(seed)
     total = pages + warm_up
-    draws = rng.choice(np.asarray(lengths, int), size=total + (in_flight or max_num_seqs) + 1, p=weights)
+
+    def more(count: int) -> np.ndarray:
+        return rng.choice(np.asarray(lengths, int), size=count, p=weights)
+
+    first = np.asarray(draws, int) if draws is not None else more(total + (in_flight or max_num_seqs) + 1)
     if -(-(prefix_tokens + int(max(lengths))) // block) > kv_blocks:
         raise ValueError("one page at its longest does not fit the KV cache")
-    run = _Run(max_num_seqs, kv_blocks, prefix_tokens, step_time, batched_tokens, speedup or [(1, 1.0)], block, draws)
+    run = _Run(max_num_seqs, kv_blocks, prefix_tokens, step_time, batched_tokens, speedup or [(1, 1.0)], block)
+    run.draws, run.more, run.warm_up, run.window = first, more, warm_up, window
     for _ in range(in_flight or max_num_seqs):
         run.submit()
-    while run.finished < total:
+    while (run.now <= window[1]) if window else (run.finished < total):
         if not run.preempted_last:
             run.admit()
         run.preempted_last = False
         if not run.running:
             raise ValueError("nothing can run: the KV cache holds no page")  # pragma: no cover
         run.advance(run.steps_to_event())
-        if not run.retire(warm_up):
+        if not run.retire():
             run.step_out_of_blocks()
     return run.prediction()
 
@@ -251,11 +279,13 @@ class _Run:
         batched_tokens: int,
         spec: Sequence[tuple[int, float]],
         block: int,
-        draws: np.ndarray,
     ):
         self.max_num_seqs, self.kv_blocks, self.prefix_tokens = max_num_seqs, kv_blocks, prefix_tokens
         self.step_time, self.batched_tokens, self.spec, self.block = step_time, batched_tokens, spec, block
-        self.draws = draws
+        self.draws = np.zeros(0, np.int64)  # the pages' output lengths, in submission order
+        self.more: Callable[[int], np.ndarray] = lambda count: self.draws[:count]  # count further ones
+        self.warm_up = 0  # pages finished before the measurement
+        self.window: tuple[float, float] | None = None  # or the times it measures between
         # a request: [id, output length, tokens made, submitted at, preemptions]
         self.waiting: deque[list] = deque()
         self.submitted = 0
@@ -276,6 +306,8 @@ class _Run:
 
     def submit(self) -> None:
         """Queue the next page of the closed loop, submitted now."""
+        if self.submitted == len(self.draws):
+            self.draws = np.append(self.draws, self.more(len(self.draws) + 1))
         self.waiting.append([self.submitted, int(self.draws[self.submitted]), 0, self.now, 0])
         self.submitted += 1
 
@@ -339,7 +371,7 @@ class _Run:
             self.measured_time += elapsed
         self.now += elapsed
 
-    def retire(self, warm_up: int) -> bool:
+    def retire(self) -> bool:
         """Finish the requests that made all their tokens and submit one page for each; whether any did."""
         finished_mask = self.left <= 0
         if not finished_mask.any():
@@ -348,14 +380,14 @@ class _Run:
             req = self.running[i]
             self.free += int(-(-self.ctx[i] // self.block))
             self.finished += 1
-            if self.finished > warm_up:
+            window = self.window
+            if (window[0] <= self.now <= window[1]) if window else self.finished > self.warm_up:
                 self.latencies.append(self.now - req[3])
                 self.preemptions += req[4]
                 self.preempted_pages += req[4] > 0
-            if self.finished == warm_up:
+            if self.measure_from is None and (self.now >= window[0] if window else self.finished == self.warm_up):
                 self.measure_from = self.now
-            if self.submitted < len(self.draws):
-                self.submit()
+            self.submit()
         keep = ~finished_mask
         self.running = [r for r, kept in zip(self.running, keep, strict=True) if kept]
         self.ctx, self.left = self.ctx[keep], self.left[keep]
@@ -391,7 +423,7 @@ class _Run:
 
     def prediction(self) -> Prediction:
         """The figures measured after the warm-up."""
-        span = self.now - (self.measure_from or 0.0)
+        span = (self.window[1] - self.window[0]) if self.window else self.now - (self.measure_from or 0.0)
         ordered = sorted(self.latencies)
         measured = self.measured_time
         return Prediction(
@@ -404,6 +436,25 @@ class _Run:
             mean_running=self.busy_batch / measured if measured else 0.0,
             kv_use=self.busy_kv / measured / self.kv_blocks if measured else 0.0,
         )
+
+
+CHECK_RUNS = 3
+"""Simulated runs (seeds 0, 1, 2) whose mean :func:`preempted_share` is: one run's share near the
+edge of the cache swings by a few percent with the draws."""
+UNIT_STEP = LinearStepTime(1.0, 0.0, 0.0, "one unit a step")
+"""The step time of a run that counts only preemptions: with the batch and the cache alike, which
+page is preempted when depends on steps, not on their seconds."""
+
+
+def preempted_share(*, max_num_seqs: int, runs: int = CHECK_RUNS, **scenario) -> float:
+    """The mean share of pages preempted at least once over ``runs`` closed-loop runs of
+    :func:`simulate` (``scenario``: its keyword arguments but ``max_num_seqs``, ``step_time`` and
+    ``seed``) with ``max_num_seqs`` pages in flight, one unit a step (:data:`UNIT_STEP`)."""
+    shares = [
+        simulate(max_num_seqs=max_num_seqs, step_time=UNIT_STEP, seed=seed, **scenario).preempted_share
+        for seed in range(runs)
+    ]
+    return sum(shares) / runs
 
 
 def _demand(ctx: np.ndarray, blocks_now: np.ndarray, steps: int, block: int) -> int:

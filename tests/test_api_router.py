@@ -33,12 +33,14 @@ def six_page_tiff() -> bytes:
 
 @pytest.fixture(scope="module")
 def gw():
-    # one engine slot, no burst beyond it; a fast lane that holds 2 pages, a bulk lane of 8
+    # one engine slot, no burst beyond it; a fast lane that holds 2 pages, a bulk lane of 8; no
+    # latency target (these tests fill the lanes on purpose; the target has its own tests)
     gateway = Gateway(
         "router.slot_overcommit=0.5",
         "router.fast.burst_slots=0",
         "router.fast.queue_pages=2",
         "router.bulk.queue_pages=8",
+        "router.fast.latency_target_s=3600",
     ).wait_ready()
     yield gateway
     gateway.stop()

@@ -322,10 +322,11 @@ class Router:
             self._refuse(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         estimate = self.estimate_s(lane, pages, cost, priority)
+        bound = self.bound_s(lane, pages, cost, priority)
         if terms.deadline is not None:
-            self._check_deadline(lane, pages, terms.deadline, estimate)
+            self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients:
-            self._check_latency_target(lane, pages, cost, estimate)
+            self._check_latency_target(lane, pages, cost, bound)
         reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
         lane.enter(terms.client)
@@ -366,8 +367,19 @@ class Router:
         pages_ahead = lane.ahead(priority) + self.in_flight + (fast.reserved if lane.name == BULK else 0)
         in_engine = sum(each.in_flight_cost for each in self.lanes.values())
         cost_ahead = lane.cost_ahead(priority) + in_engine + (fast.cost_ahead(None) if lane.name == BULK else 0)
-        ours = (self.service.seconds(pages_ahead, cost_ahead) + self.service.seconds(pages, cost)) / self.limit
-        return ours + self.inside_s()
+        return self.service.seconds(pages_ahead, cost_ahead) / self.limit + self.own_s(pages, cost) + self.inside_s()
+
+    def own_s(self, pages: int, cost: int) -> float:
+        """A request's own part of :meth:`estimate_s`: its pages' seconds over the pages the engine
+        runs at once."""
+        return self.service.seconds(pages, cost) / self.limit
+
+    def bound_s(self, lane: Lane, pages: int, cost: int, priority: int | None = None) -> float:
+        """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
+        :meth:`upper_factor` (the request's own part at its mean: on an idle engine the bound is
+        the estimate)."""
+        own = self.own_s(pages, cost)
+        return own + (self.estimate_s(lane, pages, cost, priority) - own) * self.upper_factor()
 
     def inside_s(self) -> float:
         """Seconds until the engine has started what others queued inside it (vLLM's waiting
@@ -381,7 +393,7 @@ class Router:
         return drain_s
 
     def upper_factor(self) -> float:
-        """What admission multiplies :meth:`estimate_s` by: the service-time model's
+        """What admission multiplies the work ahead of a request by (:meth:`bound_s`): the service-time model's
         :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` (a high quantile of how far finished
         pages ran over their prediction), or the median over-run of the pages in the engine now
         where larger, so a machine that slowed down shows before its pages finish."""
@@ -399,10 +411,10 @@ class Router:
         idle_s = self.idle.seconds(pages, cost) / min(pages, self.limit)
         return self.cfg.fast.latency_target_multiple * idle_s
 
-    def _check_latency_target(self, lane: Lane, pages: int, cost: int, estimate: float) -> None:
+    def _check_latency_target(self, lane: Lane, pages: int, cost: int, bound: float) -> None:
         """Refuse now a fast request without its own ``timeout`` that would not be done within the
-        lane's :meth:`latency_target_s` (``estimate`` s, times :meth:`upper_factor`)."""
-        target, bound = self.latency_target_s(pages, cost), estimate * self.upper_factor()
+        lane's :meth:`latency_target_s` (``bound`` s: :meth:`bound_s`)."""
+        target = self.latency_target_s(pages, cost)
         if bound <= target:
             return
         wait = max(1, math.ceil(bound - target))
@@ -416,10 +428,9 @@ class Router:
         )
 
     def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
-        """Refuse now what could not finish before ``deadline``: ``estimate`` s of work ahead and in
-        it (:meth:`estimate_s`) times :meth:`upper_factor`, rather than accept it and time out."""
+        """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
+        it: :meth:`bound_s`) rather than accept it and time out."""
         left = deadline.left()
-        estimate *= self.upper_factor()
         if estimate <= left:
             return
         wait = max(1, math.ceil(estimate - left))

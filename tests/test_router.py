@@ -165,8 +165,8 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert time.monotonic() - started < 0.1  # at once, not after waiting
     problem = refused.value
     assert problem.status == 503 and problem.slug == "deadline-unmeetable"
-    # admission bounds the estimate by its upper factor; the deadline's seconds left shrink as it runs
-    wait = max(1, math.ceil(estimate * router.upper_factor() - estimate / 2))
+    # admission holds it to the work ahead times its upper factor; the deadline's seconds left shrink
+    wait = max(1, math.ceil(router.bound_s(bulk, 2, 600) - estimate / 2))
     assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
     in_time = terms(router, BULK, 2, Deadline.after(estimate * 4))
     async with router.admit(in_time, 2, visual_tokens=600) as reservation:
@@ -441,14 +441,16 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     """Without its own ``timeout`` a fast request is admitted only within the lane's latency target
     (``router.fast.latency_target_s``), by the estimate times the admission's upper factor (2 while
     nothing was measured); a client that sends a timeout gets what it asked for."""
-    router = make_router(initial_page_s=2.0, fast={"latency_target_s": 3.0})
-    assert router.upper_factor() == 2.0 and router.estimate_s(router.lanes[FAST], 1, 300) == pytest.approx(2.0)
+    router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
+    fast = router.lanes[FAST]
+    # nothing ahead: the bound is the estimate itself, whatever the upper factor (2 while nothing was measured)
+    assert router.upper_factor() == 2.0 and router.bound_s(fast, 1, 300) == router.estimate_s(fast, 1, 300) == 2.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass
     problem = refused.value
     assert problem.status == 503 and problem.slug == "latency-target" and problem.headers["Retry-After"] == "1"
-    assert "above its latency target of 3.0 s" in str(problem)
+    assert "above its latency target of 1.5 s" in str(problem)
     async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
         assert reservation.left == 1
     # by default the target is 5 x the request's time on an idle engine (the calibration pages' fit)

@@ -72,7 +72,7 @@ class LaneStats(BaseModel):
     )
     predicted_s: float = Field(
         description="seconds a one-page request of the average page's cost admitted now would take, as admission "
-        "reckons it: its estimate times upper_factor"
+        "reckons it: the work ahead of it times upper_factor, and its own"
     )
 
 
@@ -106,8 +106,9 @@ class Stats(BaseModel):
     )
     lanes: dict[str, LaneStats] = Field(description="by lane: fast and bulk")
     upper_factor: float = Field(
-        description="what admission multiplies its estimates by: a high quantile of how far pages ran over "
-        "their prediction (at least 2 until 16 pages were seen), or the pages in the engine's median over-run"
+        description="what admission multiplies the work ahead of a request by: a high quantile of how far pages "
+        "ran over their prediction (at least 2 until 16 pages were seen), or the pages in the engine's median "
+        "over-run"
     )
     fast_latency_target_s: float = Field(
         description="the fast lane's latency target for a one-page request without timeout "
@@ -142,7 +143,7 @@ async def stats(request: Request) -> Stats:
             in_engine=lane.in_flight,
             pages_per_s=round(lane.drain_rate(now), 3),
             p95_s=None if p95 is None else round(p95, 3),
-            predicted_s=round(router.estimate_s(lane, 1, page_cost) * factor, 3),
+            predicted_s=round(router.bound_s(lane, 1, page_cost), 3),
         )
     engine = EngineStats(
         model=state.engine.model,

@@ -1,7 +1,8 @@
 """What every request hands the core: a :class:`WorkItem` with its :class:`Deadline` and :class:`Priority`.
 
 The edge (the REST handler of a synchronous request, the job worker for a job's page) builds one
-work item; the router, the engine and the page pipeline read it and nothing else. There is one
+work item; :func:`ocrserve.scheduling.resolve` turns it into the request's scheduling terms, which
+the router, the engine and the page pipeline read. There is one
 convention for priority, vLLM's: **lower runs sooner** (vLLM's ``PriorityRequestQueue`` in
 ``vllm/v1/core/sched/request_queue.py`` orders requests by ``(priority, arrival_time)``).
 
@@ -19,10 +20,10 @@ job ``priority`` p in 0..``jobs.max_priority``  ``lane="bulk"``, :meth:`Priority
   (higher runs first)                        ``router.bulk.priority + jobs.max_priority - p``
 ==========================================  ==============================================
 
-So with the defaults a synchronous bulk request (10) runs with a job of the highest priority
-(9 -> 10) and before any other job (0 -> 19), and the fast lane (0) before everything. A
-priority at or below :data:`URGENT` is interactive work, which the embedded engine runs on its
-full-speed sessions and threads.
+So with the defaults a synchronous bulk request (10) queues with a job of the highest priority
+(9 -> 10) and before any other job (0 -> 19). The priority orders a lane's queue only; the engine
+goes by the page's :class:`EngineClass` (:mod:`ocrserve.scheduling`: interactive for the fast
+lane, background for the bulk lane).
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ class WorkItem:
     Attributes:
         deadline: when its pages must be done, or None for the lane's default
             (``router.<lane>.timeout_s``; none when that is 0).
-        priority: the order of its pages in their lane and in the engine, or None for the lane's
-            own priority.
+        priority: the order of its pages in their lane's queue, or None for the lane's own
+            priority.
         lane: ``fast`` or ``bulk`` when the client chose, or None to choose by size
             (``router.fast.max_pages``, ``router.fast.max_pixels``).
         client: whom the request is for (``router.fair_by``); its lane shares the engine between

@@ -311,6 +311,21 @@ def test_speculative_plan_adds_the_drafts_memory_and_config():
         plan_serving(get_model("tencent/HunyuanOCR"), gpu, speculative=True)
 
 
+def test_glm_ocr_mtp_plan_adds_one_layer_and_no_draft_model():
+    spec, gpu = get_model("zai-org/GLM-OCR"), lookup("H100 80GB")
+    plain = plan_serving(spec, gpu)
+    drafted = plan_serving(spec, gpu, speculative=True)
+    # the vLLM recipe's --speculative-config.method mtp --speculative-config.num_speculative_tokens 1
+    assert drafted.vllm_args["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+    assert "speculative_config" not in plain.vllm_args
+    # the MTP block's weights (35,400,192 x 2 bytes) and one more layer of K and V per token
+    assert drafted.value("weights_bytes") - plain.value("weights_bytes") == 35_400_192 * 2
+    assert drafted.value("kv_bytes_per_token") == plain.value("kv_bytes_per_token") * 17 // 16
+    assert drafted.model.id == spec.id and drafted.argv()[2] == spec.id
+    step = next(s for s in drafted.steps if s.key == "speculative")
+    assert "mtp" in step.value and "35,400,192" in step.derivation and "reported speedup none" in step.derivation
+
+
 def _cli():
     from ocrserve.cli import app
 
@@ -354,6 +369,10 @@ def test_cli_plan_speculative_flag(tmp_path):
     result = CliRunner().invoke(_cli(), args)
     assert result.exit_code == 0, result.output
     assert "--speculative-config" in shlex.split(result.stdout)
+    glm = CliRunner().invoke(_cli(), [*args[:4], "zai-org/GLM-OCR", *args[5:]])
+    assert glm.exit_code == 0, glm.output
+    argv = shlex.split(glm.stdout)
+    assert argv[argv.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
 
 
 def _vllm_parser():
@@ -368,6 +387,7 @@ def test_statistical_and_speculative_argv_parse_with_vllms_own_parser():
     for plan in (
         plan_serving(get_model("tencent/HunyuanOCR"), lookup("H100 80GB"), overflow_target=0.01),
         plan_serving(get_model("tencent/HunyuanOCR-1.5"), lookup("H100 80GB"), speculative=True),
+        plan_serving(get_model("zai-org/GLM-OCR"), lookup("H100 80GB"), speculative=True),
     ):
         args = parser.parse_args(plan.argv()[2:])
         validate(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 
 import pytest
@@ -35,6 +36,7 @@ def test_default_model_is_hunyuan():
         "allenai/olmOCR-2-7B-1025",
         "Qwen/Qwen2.5-VL-7B-Instruct",
         "Qwen/Qwen3-VL-8B-Instruct",
+        "zai-org/GLM-OCR",
     }
 
 
@@ -81,6 +83,7 @@ def test_kv_bytes_per_token():
     assert get_model("allenai/olmOCR-2-7B-1025").kv_bytes_per_token() == 2 * 28 * 4 * 128 * 2 == 57_344
     assert get_model("PaddlePaddle/PaddleOCR-VL").kv_bytes_per_token() == 2 * 18 * 2 * 128 * 2 == 18_432
     assert get_model("Qwen/Qwen3-VL-8B-Instruct").kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2 == 147_456
+    assert get_model("zai-org/GLM-OCR").kv_bytes_per_token() == 2 * 16 * 8 * 128 * 2 == 65_536
 
 
 def test_required_vllm_flags():
@@ -124,6 +127,35 @@ def test_visual_tokens_hunyuan_newline_formula():
     assert hy.max_visual_tokens(512 * 512, 2048 * 2048) == 4354
     # at the model default 4096^2 the square page wins: 128 * 129 + 2
     assert hy.max_visual_tokens() == 128 * 129 + 2 == 16514
+
+
+def _glm4v_tokens(height, width, max_pixels, factor=28, temporal=2):
+    # transformers glm4v/image_processing_glm4v.py smart_resize for a still image (t = temporal_patch_size),
+    # then vLLM glm4_1v.py _get_vision_info: grid_h * grid_w / merge^2
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if temporal * h * w > max_pixels:
+        beta = math.sqrt(temporal * height * width / max_pixels)
+        h, w = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+    return (h // factor) * (w // factor)
+
+
+def test_glm_ocr_entry_and_its_pixel_budget():
+    glm = get_model("zai-org/GLM-OCR")
+    assert (glm.architecture, glm.num_layers, glm.num_kv_heads, glm.head_dim, glm.factor) == ("glm_ocr", 16, 8, 128, 28)
+    assert (glm.min_pixels, glm.max_pixels) == (112 * 112, 14 * 14 * 2 * 2 * 2 * 6144)  # preprocessor_config.json
+    assert glm.prompts["text"] == "Text Recognition:" and glm.prompts["table"] == "Table Recognition:"
+    assert glm.speculative["method"] == "mtp" and glm.speculative["num_speculative_tokens"] == 1
+    # the MTP block: one decoder layer (q 1536x2048, k/v 1536x1024, o 2048x1536, MLP 3x1536x4608, 4 norms)
+    # + eh_proj 2*1536 x 1536 + 3 norms; embedding and lm_head shared with the target
+    layer = 1536 * 2048 * 2 + 1536 * 1024 * 2 + 3 * 1536 * 4608 + 4 * 1536
+    assert glm.speculative["parameters"] == layer + 2 * 1536 * 1536 + 3 * 1536 == 35_400_192
+    assert glm.speculative["kv_layers"] == 1 and glm.speculative.get("model") is None
+    # GLM-4V counts t=2 frames against max_pixels: vLLM's largest page is 6,144 tokens, ocrserve reserves twice
+    # that; for every page ocrserve's count is at least vLLM's (the over-estimate is on the safe side)
+    assert _glm4v_tokens(9999, 9999, glm.max_pixels) <= 6144 < glm.max_visual_tokens() == 12288
+    for h, w in [(3508, 2480), (2480, 3508), (1288, 1288), (8192, 512), (1000, 700)]:
+        rh, rw = smart_resize(h, w, glm.factor, glm.min_pixels, glm.max_pixels)
+        assert glm.visual_tokens(rh, rw) >= _glm4v_tokens(rh, rw, glm.max_pixels)
 
 
 def test_visual_tokens_deepseek_tiles():
@@ -250,7 +282,7 @@ def _edit(folder, name, change):
 
 def test_registry_files_load_and_validate():
     names = sorted(f.name for f in REGISTRY_DIR.iterdir() if f.name.endswith(".yaml"))
-    assert len(names) == len(REGISTRY) == 8  # one file per entry, shipped as package data
+    assert len(names) == len(REGISTRY) == 9  # one file per entry, shipped as package data
     loaded = load_registry()
     assert list(loaded.specs) == list(REGISTRY)  # listing order from the files' `order`
     assert list(REGISTRY)[0] == DEFAULT_MODEL
@@ -344,6 +376,7 @@ BEFORE = [
     ("allenai/olmOCR-2-7B-1025", (2052, 2052, 2116, 2024, 77), 2116, 5349, 1275),
     ("Qwen/Qwen2.5-VL-7B-Instruct", (11125, 11125, 2116, 5274, 77), 16384, 5349, 1275),
     ("Qwen/Qwen3-VL-8B-Instruct", (8580, 8580, 1600, 4096, 70), 16384, 4096, 976),
+    ("zai-org/GLM-OCR", (11125, 11125, 2116, 5274, 77), 12288, 5349, 1275),  # factor 28, as Qwen2.5-VL
 ]
 PAGES = [(3508, 2480), (2480, 3508), (1288, 1288), (8192, 512), (300, 200)]
 

@@ -375,6 +375,7 @@ def test_planned_argv_parses_with_vllms_own_parser():
         ("rednote-hilab/dots.ocr", "L40S", 1),
         ("allenai/olmOCR-2-7B-1025", "A100 80G", 1),
         ("allenai/olmOCR-2-7B-1025", "RTX 3060", 2),
+        ("zai-org/GLM-OCR", "L4", 1),
         ("Qwen/Qwen3-VL-8B-Instruct", "H100", 1),
     ]
     eager_fp8 = {"kv_cache_dtype": "fp8", "enforce_eager": True}

@@ -57,10 +57,12 @@ from ocrserve.preprocess import geometry
 MAX_NUM_SEQS_CAP = 512
 """Largest decode batch vLLM captures a CUDA graph for by default (``vllm/config/compilation.py``:
 ``max_cudagraph_capture_size`` 'capped at 512 by default'); larger batches would run eagerly."""
-VIDEO_ARCHITECTURES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VIDEO_ARCHITECTURES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm_ocr")
 """``model_type`` families whose vLLM processors also take video: vLLM profiles the encoder with the
 modality that costs most tokens unless ``--limit-mm-per-prompt`` sets ``"video": 0``
-(``vllm/multimodal/profiling.py``; every modality defaults to 999 items)."""
+(``vllm/multimodal/profiling.py``; every modality defaults to 999 items). GLM-OCR: its processor is
+GLM-4.1V's, ``Glm4vProcessingInfo.get_supported_mm_limits`` = ``{"image": None, "video": 1}``
+(``vllm/model_executor/models/glm4_1v.py``)."""
 BANDWIDTH_EFFICIENCY = 0.8
 """Fraction of datasheet DRAM bandwidth a decode step achieves, estimate. A device-to-device copy
 reached 4.3 of 4.8 TB/s (0.9) on an H200 here; 0.8 leaves room for kernel overheads."""

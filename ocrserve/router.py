@@ -405,10 +405,12 @@ class Router:
     def latency_target_s(self, pages: int, cost: int) -> float:
         """The fast lane's latency target for a request of ``pages`` pages costing ``cost``:
         ``router.fast.latency_target_s``, or ``latency_target_multiple`` x its seconds on an idle
-        engine (the calibration pages' fit; its pages side by side in the engine's slots)."""
+        engine (the calibration pages' fit; without calibration, the finished pages' fit: the
+        debug engine takes a minute a page); its pages side by side in the engine's slots."""
         if self.cfg.fast.latency_target_s:
             return self.cfg.fast.latency_target_s
-        idle_s = self.idle.seconds(pages, cost) / min(pages, self.limit)
+        idle = self.idle if self.idle.measured else self.service
+        idle_s = idle.seconds(pages, cost) / min(pages, self.limit)
         return self.cfg.fast.latency_target_multiple * idle_s
 
     def _check_latency_target(self, lane: Lane, pages: int, cost: int, bound: float) -> None:

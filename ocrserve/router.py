@@ -325,7 +325,7 @@ class Router:
         bound = self.bound_s(lane, pages, cost, priority)
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
-        if lane.name == FAST and not terms.deadline_is_clients:
+        if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             self._check_latency_target(lane, pages, cost, bound)
         reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
@@ -401,6 +401,12 @@ class Router:
         running = sorted((now - t.started) / self.service.page_s(t.cost) for t in self._running.values())
         slowdown = running[len(running) // 2] if running else 1.0
         return max(self.service.upper_factor(), slowdown)
+
+    @property
+    def has_latency_target(self) -> bool:
+        """Whether the fast lane has a latency target (``latency_target_s`` or
+        ``latency_target_multiple`` set)."""
+        return bool(self.cfg.fast.latency_target_s or self.cfg.fast.latency_target_multiple)
 
     def latency_target_s(self, pages: int, cost: int) -> float:
         """The fast lane's latency target for a request of ``pages`` pages costing ``cost``:

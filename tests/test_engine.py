@@ -73,9 +73,11 @@ async def test_failing_page_fails_alone(engine):
     assert outcomes[1].text.startswith("This is a lot of 12 point text")
 
 
-async def test_bulk_pages_run_on_lower_priority_threads(engine):
+async def test_bulk_pages_run_on_lower_priority_threads():
     """Detection and recognition of bulk pages run on threads at nice +10 (engine.onnx.background_nice);
-    those of interactive pages keep the process's nice value."""
+    those of interactive pages keep the process's nice value. No aging (``aging_s`` 0): on a busy
+    machine a background page in the engine for 2 s would run its next stage as interactive."""
+    engine = await started(det_workers=2, aging_s=0.0)
     seen: set[tuple[str, int, int]] = set()
     detect, recognize = engine._detect, engine._recognize
 
@@ -97,6 +99,7 @@ async def test_bulk_pages_run_on_lower_priority_threads(engine):
     fast = await engine.ocr_page(page, priority=interactive)
     assert bulk.text == fast.text and bulk.text.startswith("This is a lot of 12 point text")
     base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10, 19)
+    await engine.close()
     assert seen == {
         ("det", background, low),
         ("rec", background, low),

@@ -110,9 +110,9 @@ class Stats(BaseModel):
         "ran over their prediction (at least 2 until 16 pages were seen), or the pages in the engine's median "
         "over-run"
     )
-    fast_latency_target_s: float = Field(
+    fast_latency_target_s: float | None = Field(
         description="the fast lane's latency target for a one-page request without timeout "
-        "(router.fast.latency_target_s)"
+        "(router.fast.latency_target_s); null when it has none"
     )
     engine: EngineStats
     jobs: JobStats | None = Field(description="null while the job store does not answer")
@@ -158,7 +158,7 @@ async def stats(request: Request) -> Stats:
         fast_max_pages=router.cfg.fast.max_pages,
         lanes=lanes,
         upper_factor=round(factor, 3),
-        fast_latency_target_s=round(router.latency_target_s(1, page_cost), 3),
+        fast_latency_target_s=round(router.latency_target_s(1, page_cost), 3) if router.has_latency_target else None,
         engine=engine,
         jobs=await _job_stats(state.jobs),
     )

@@ -107,7 +107,8 @@ async def _calibrate(state) -> None:
     try:
         await within(state.router.calibrate(calibration_pages(state.config.preprocess)), CALIBRATION_S)
     except Exception as exc:  # TimeoutError, PageError: serve anyway
-        log.warning("calibration skipped: %s", exc or type(exc).__name__)
+        why = str(exc) or (f"no answer within {CALIBRATION_S:g} s" if isinstance(exc, TimeoutError) else repr(exc))
+        log.warning("calibration skipped: %s", why)
 
 
 @contextlib.asynccontextmanager

@@ -9,19 +9,19 @@ its recent drain rate, so nothing is accepted that cannot be queued.
 The dispatcher hands the engine's slots (``engine.slots x router.slot_overcommit``) to queued pages
 in the order of the scheduling policy (:mod:`ocrserve.policies`: lanes with deficit round robin,
 or one FIFO). Within a lane and a priority, pages go by their request's start-time fair queueing
-tag (:class:`~ocrserve.policies.FairTags`): documents sent together finish one after another, and a small request of
-one client overtakes the large queue of another. Each request comes with its
-:class:`~ocrserve.scheduling.Terms`, resolved once (:func:`~ocrserve.scheduling.resolve`): its lane,
-its order in the lane's queue, its engine class, whether it may burst, its deadline. The fast
-lane's interactive pages may run ``fast.burst_slots`` beyond the engine's slots, so one never waits
-for another page to leave the engine; the engine's own stages (by engine class) then let it
-overtake the pages in flight.
+tag (:class:`~ocrserve.policies.FairTags`): documents sent together finish one after another,
+and a small request of one client overtakes the large queue of another. Each request comes with
+its :class:`~ocrserve.scheduling.Terms`, resolved once (:func:`~ocrserve.scheduling.resolve`): its
+lane, its order in the lane's queue, its engine class, whether it may burst, its deadline. The fast
+lane's single pages may run ``fast.burst_slots`` beyond the engine's slots while another lane's
+pages are in it (:func:`~ocrserve.scheduling.may_dispatch`), so one never waits for a bulk page to
+leave the engine; the engine's own stages (by engine class) then let it overtake the pages in
+flight.
 
-The router enforces a request's deadline
-on every page it holds: a page still queued when it passes is dropped before the engine (504); a
-page in the engine then is cancelled there, and so is a page whose request went away (client gone,
-job cancelled): the engine aborts it (vLLM when its request's connection closes; the embedded
-engine drops the remaining stages).
+The router enforces a request's deadline on every page it holds: a page still queued when it
+passes is dropped before the engine (504); a page in the engine then is cancelled there, and so is
+a page whose request went away (client gone, job cancelled): the engine aborts it (vLLM when its
+request's connection closes; the embedded engine drops the remaining stages).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,11 +22,12 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from ocrserve.bench.harness import REPO, free_port
+from ocrserve.bench.harness import REPO
 from ocrserve.cli import app
 from ocrserve.config import list_profiles, load_config
 from ocrserve.gpu.launcher import plan_for, vllm_command
 from tests.conftest import DATA
+from tests.launches import LaunchedProcess
 from tests.test_planner import _vllm_parser
 
 FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
@@ -35,7 +35,7 @@ FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
 PROFILE_GPUS = {"prod": "RTX 4090D", "gpu-24g": "RTX 4090", "gpu-12g": "RTX 3060"}
 
 
-class Launch:
+class Launch(LaunchedProcess):
     """``ocrserve launch --profile prod`` on loopback with the stand-in vLLM; output to a file.
 
     The stand-in is found through ``PATH`` (its ``#!/usr/bin/env python3`` must be this Python,
@@ -43,10 +43,7 @@ class Launch:
     """
 
     def __init__(self, log: Path, *overrides: str, env: dict | None = None):
-        self.port, self.vllm_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
-        self.log = log
+        super().__init__(log)
         args = [sys.executable, "-m", "ocrserve", "launch", "--profile", "prod", "--port", str(self.port)]
         for item in (
             f"vllm.executable={FAKE_VLLM}",
@@ -59,13 +56,7 @@ class Launch:
         ):
             args += ["--set", item]
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PATH": path, **(env or {})}
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        self.start(args, {**os.environ, "PATH": path, **(env or {})})
 
     def vllm_process(self) -> psutil.Process:
         """The running stand-in vLLM (the launcher's child serving the engine)."""
@@ -73,30 +64,6 @@ class Launch:
             if "engine" in child.cmdline() and "serve" in child.cmdline():
                 return child
         raise AssertionError("no vLLM process under the launcher")
-
-    def ready(self) -> int:
-        try:
-            return httpx.get(self.url + "/readyz", timeout=2).status_code
-        except httpx.TransportError:
-            return 0
-
-    def wait_until(self, status: int, timeout: float = 120.0) -> None:
-        """Poll ``/readyz`` until it answers ``status``; fail with the launcher's output if not."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"launcher exited with {self.proc.returncode}:\n{self.output()}"
-            if self.ready() == status:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"/readyz never answered {status}:\n{self.output()}")
-
-    def kill(self) -> None:
-        """Last-resort clean-up: SIGKILL the launcher and everything under it."""
-        if self.proc.poll() is None:
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-            for process in [psutil.Process(self.proc.pid), *family]:
-                process.kill()
-            self.proc.wait()
 
 
 def ocr(url: str, name: str = "phototest.tif") -> httpx.Response:

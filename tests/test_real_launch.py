@@ -10,12 +10,10 @@ plumbing on machines without vLLM's CPU build and for a vLLM that dies before it
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,10 +23,10 @@ import httpx
 import psutil
 import pytest
 
-from ocrserve.bench.harness import REPO, free_port
 from ocrserve.engines.vllm import read_vllm_metrics
 from tests.conftest import DATA, wait_for
 from tests.jobs_util import numbered_tiff, wait_job
+from tests.launches import LaunchedProcess
 from tests.real_vllm import MAX_NEW_TOKENS, require_vllm_env
 from tests.test_real_vllm import slow_page
 
@@ -41,14 +39,13 @@ CALIBRATION_TOKENS = 8
 JOB_PAGES = 12
 
 
-class RealLaunch:
+class RealLaunch(LaunchedProcess):
     """``ocrserve launch --profile cpu-vllm`` with the tiny model and a small plan; output to ``log``."""
 
+    READY_TIMEOUT_S = 300.0  # vLLM starts in 30-240 s on 2 busy cores
+
     def __init__(self, env: Path, model: Path, log: Path, store: Path):
-        self.port, self.vllm_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
-        self.log = log
+        super().__init__(log)
         extra = [
             "--enable-log-requests",
             "--override-generation-config",
@@ -74,12 +71,7 @@ class RealLaunch:
         environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
         environ.pop("PYTHONPATH", None)  # vLLM's venv has ocrserve (its plugin) of its own; -m finds REPO's
         environ.pop("VIRTUAL_ENV", None)
-        self.started = time.monotonic()
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=environ)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        self.start(args, environ)
 
     def vllm_lines(self, pattern: str) -> list[str]:
         return [line for line in self.output().splitlines() if line.startswith("vllm | ") and re.search(pattern, line)]
@@ -91,36 +83,13 @@ class RealLaunch:
                 return child
         raise AssertionError("no vLLM process under the launcher")
 
-    def ready(self) -> int:
-        try:
-            return httpx.get(self.url + "/readyz", timeout=2).status_code
-        except httpx.TransportError:
-            return 0
-
-    def wait_until(self, status: int, timeout: float = 300.0) -> float:
-        """Poll ``/readyz`` until it answers ``status``; the seconds it took."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            assert self.proc.poll() is None, f"launcher exited with {self.proc.returncode}:\n{self.output()[-8000:]}"
-            if self.ready() == status:
-                return time.monotonic() - started
-            time.sleep(0.2)
-        raise AssertionError(f"/readyz never answered {status}:\n{self.output()[-8000:]}")
-
-    def kill(self) -> None:
-        """Last-resort clean-up: SIGKILL the launcher and everything under it."""
-        if self.proc.poll() is None:
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-            for process in [psutil.Process(self.proc.pid), *family]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            self.proc.wait()
-
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     env = require_vllm_env()
-    pytest.importorskip("transformers", reason="building the tiny model needs the debug extra")
+    pytest.importorskip(
+        "transformers", reason="building the tiny model needs the debug extra: pip install -e '.[debug]'"
+    )
     from tests.tiny_hunyuan import build_tiny_hunyuan
 
     folder = tmp_path_factory.mktemp("real-launch")

@@ -196,29 +196,18 @@ def test_step_time_fits_a_plus_b_batch_and_speculation_fades_with_batch():
     points = [(1, 2.14), (32, 1.80)]
     assert speedup_at(points, 1) == 2.14 and speedup_at(points, 32) == 1.80 and speedup_at(points, 256) == 1.80
     assert 1.80 < speedup_at(points, 8) < 2.14
-    plain = simulate(
-        max_num_seqs=4,
-        kv_blocks=46_000,
-        prefix_tokens=4491,
-        lengths=[1500],
-        weights=None,
-        step_time=fitted,
-        batched_tokens=8192,
-        pages=50,
-        warm_up=10,
-    )
-    drafted = simulate(
-        max_num_seqs=4,
-        kv_blocks=46_000,
-        prefix_tokens=4491,
-        lengths=[1500],
-        weights=None,
-        step_time=fitted,
-        batched_tokens=8192,
-        pages=50,
-        warm_up=10,
-        speedup=points,
-    )
+    run = {
+        "max_num_seqs": 4,
+        "kv_blocks": 46_000,
+        "prefix_tokens": 4491,
+        "lengths": [1500],
+        "weights": None,
+        "step_time": fitted,
+        "batched_tokens": 8192,
+        "pages": 50,
+        "warm_up": 10,
+    }
+    plain, drafted = simulate(**run), simulate(**run, speedup=points)
     assert drafted.pages_per_s > plain.pages_per_s * 1.5
 
 

@@ -279,21 +279,32 @@ def gpu_plan(
         gpu_spec,
         gpus=gpus or detected,
         gpu_memory_utilization=gpu_memory_utilization or _number(vllm_settings.get("gpu_memory_utilization")) or 0.90,
-        min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
-        max_pixels=max_pixels or settings.get("max_pixels"),
-        factor=settings.get("factor"),
-        max_tokens=max_tokens,
-        max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
         p95_seconds=p95,
-        overrides=vllm_settings,
-        vllm_version=vllm_version or settings.get("vllm_version"),
-        gateway_overcommit=settings.get("overcommit", 1.0),
-        gateway_burst=settings.get("burst", 0),
+        **_shared_arguments(spec, settings, vllm_settings, max_pixels, max_tokens, vllm_version),
         output_lengths=lengths or (_prior(spec, settings.get("task", "text")) if predict else None),
         overflow_target=overflow if overflow is not None else settings.get("overflow"),
         speculative=speculative or bool(settings.get("speculative")),
         predict=predict,
     )
+
+
+def _shared_arguments(
+    spec, settings: dict, vllm_settings: dict, max_pixels: int | None, max_tokens: int | None, vllm_version: str | None
+) -> dict:
+    """The arguments the GPU and the CPU plan take alike, from the profile's ``settings`` under the
+    options given: the page's pixel budget and tokens, ``--max-num-seqs``, the vLLM overrides and
+    version, the gateway's overcommit and burst slots."""
+    return {
+        "min_pixels": settings.get("min_pixels") if spec.supports_pixel_budget else None,
+        "max_pixels": max_pixels or settings.get("max_pixels"),
+        "factor": settings.get("factor"),
+        "max_tokens": max_tokens,
+        "max_num_seqs": _number(vllm_settings.get("max_num_seqs")),
+        "overrides": vllm_settings,
+        "vllm_version": vllm_version or settings.get("vllm_version"),
+        "gateway_overcommit": settings.get("overcommit", 1.0),
+        "gateway_burst": settings.get("burst", 0),
+    }
 
 
 def _prior(spec, task: str):
@@ -312,18 +323,10 @@ def _plan_cpu(
         result = plan_cpu_serving(
             spec,
             detect_host(cpu["memory_gib"]),
-            min_pixels=settings.get("min_pixels") if spec.supports_pixel_budget else None,
-            max_pixels=max_pixels or settings.get("max_pixels"),
-            factor=settings.get("factor"),
-            max_tokens=max_tokens,
-            max_num_seqs=_number(vllm_settings.get("max_num_seqs")),
-            overrides=vllm_settings,
-            vllm_version=vllm_version or settings.get("vllm_version"),
             kv_cache_fraction=cpu["kv_cache_fraction"],
             kv_cache_max_gib=cpu["kv_cache_max_gib"],
             threads_bind=cpu["threads_bind"],
-            gateway_overcommit=settings.get("overcommit", 1.0),
-            gateway_burst=settings.get("burst", 0),
+            **_shared_arguments(spec, settings, vllm_settings, max_pixels, max_tokens, vllm_version),
         )
     except (ModelError, HostError, PlanError) as exc:
         raise _fail(str(exc)) from None

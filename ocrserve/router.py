@@ -322,7 +322,7 @@ class Router:
             self._refuse(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         estimate = self.estimate_s(lane, pages, cost, priority)
-        bound = self.bound_s(lane, pages, cost, priority)
+        bound = self._bound(estimate, self.own_s(pages, cost))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
@@ -378,8 +378,11 @@ class Router:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
         :meth:`upper_factor` (the request's own part at its mean: on an idle engine the bound is
         the estimate)."""
-        own = self.own_s(pages, cost)
-        return own + (self.estimate_s(lane, pages, cost, priority) - own) * self.upper_factor()
+        return self._bound(self.estimate_s(lane, pages, cost, priority), self.own_s(pages, cost))
+
+    def _bound(self, estimate: float, own: float) -> float:
+        """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``."""
+        return own + (estimate - own) * self.upper_factor()
 
     def inside_s(self) -> float:
         """Seconds until the engine has started what others queued inside it (vLLM's waiting

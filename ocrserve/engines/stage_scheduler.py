@@ -292,10 +292,11 @@ class RecBatcher:
             now = time.monotonic()
             waiting = min((self._gate.runs_as(item.gate_pass, now) for item in self._waiting), default=None)
             run = min(self._runs, key=lambda r: (self._class_of(r, now), r.seq), default=None)
-            if waiting is not None and (run is None or waiting < self._class_of(run, now)):
+            run_class = self._class_of(run, now) if run is not None else None
+            if waiting is not None and (run is None or waiting < run_class):
                 await self._form_group(waiting, wait=not self._runs)
-            elif run is not None and self._may_start(self._class_of(run, now)):
-                self._start(run, self._class_of(run, now))
+            elif run is not None and self._may_start(run_class):
+                self._start(run, run_class)
             else:  # nothing to do, its thread is busy, or it yields to an interactive page in the engine
                 await self._arrived.sleep(self._next_aging(now))
 

@@ -489,8 +489,9 @@ class RouterConfig(Section):
     )
     calibrate: bool = Field(
         True,
-        description="Time two synthetic pages (a line, a full letter page) at start, before /readyz is 200, so "
-        "admission estimates know how a page's time grows with its size from the first request",
+        description="Time three synthetic pages (a line, a full letter page, the letter page with one line) at "
+        "start, before /readyz is 200, so admission estimates know how a page's time grows with its pixels and its "
+        "text from the first request",
     )
     calibrate_max_tokens: int = Field(
         1024,

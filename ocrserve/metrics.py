@@ -49,6 +49,14 @@ ADMISSION_ESTIMATE_ERROR = Histogram(
     ["lane"],
     buckets=(-60, -30, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 30, 60),
 )
+ADMISSION_BOUND_RATIO = Histogram(
+    "ocrserve_admission_bound_ratio",
+    "An admitted request's seconds over the bound admission held it to (the estimate with the work ahead of it "
+    "widened while uncertain); above 1: it ran longer than admission allowed for, and a deadline near the bound "
+    "is missed.",
+    ["lane"],
+    buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5),
+)
 ADMITTED_DEADLINE_MISSES = Counter(
     "ocrserve_admitted_deadline_misses",
     "Requests admitted with a deadline that still passed before they finished (the estimate was wrong).",

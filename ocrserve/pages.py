@@ -24,6 +24,8 @@ class Page:
         text_layer: a PDF page's result read from its own text layer
             (:mod:`ocrserve.preprocess.textlayer`): the page needs no OCR; None otherwise.
         blank: the page has no ink (:mod:`ocrserve.preprocess.blank`): it needs no OCR.
+        marks: the character-sized blobs of ink on ``image`` (:mod:`ocrserve.preprocess.marks`):
+            how much text it holds, which admission prices the page by.
     """
 
     index: int
@@ -35,6 +37,7 @@ class Page:
     orientation: bool = True
     text_layer: PageResult | None = None
     blank: bool = False
+    marks: int = 0
 
     def known_result(self) -> PageResult | None:
         """The page's result where it needs no engine: its PDF text layer's, or for a blank page

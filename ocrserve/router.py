@@ -45,15 +45,24 @@ from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
-from ocrserve.servicetime import ServiceTime
+from ocrserve.servicetime import NO_WORK, ServiceTime, Work
 from ocrserve.work import Deadline, EngineClass
 
 #: Seconds of completions the drain rate is measured over.
 DRAIN_WINDOW_S = 60.0
 #: Seconds between dispatch attempts while nothing wakes the dispatcher.
 RECHECK_S = 0.5
-#: Weight of the newest page in the moving average of a page's cost (:meth:`Router.request_cost`).
+#: Weight of the newest page in the moving averages of a page's cost, work and marks per pixel
+#: (:meth:`Router.request_cost`, :meth:`Router.request_work`).
 SERVICE_EWMA = 0.2
+#: A page in the engine counts in estimates with what is left of its predicted seconds, but with
+#: this share of them at least: one running past its prediction is not done yet.
+IN_ENGINE_FLOOR = 0.25
+#: Marks (:mod:`ocrserve.preprocess.marks`) a normalized megapixel is expected to hold before any
+#: page has been decoded: the full letter calibration page's, 1,239 marks on 840 x 1176 px
+#: (``ocrserve.preprocess.synthetic``, local profile), a dense page, so that a first burst is priced
+#: as if its pages were full of text.
+PRIOR_MARKS_PER_MPX = 1250.0
 
 
 @dataclass(eq=False)
@@ -62,6 +71,8 @@ class Ticket:
 
     Attributes:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
+        work: what it asks of the engine (:meth:`Router.page_work`), which admission prices.
+        predicted_s: its seconds in the engine as predicted when it was dispatched.
         terms: its request's scheduling terms.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
             order between equal priorities (:class:`~ocrserve.policies.FairTags`; the last breaks ties between tries
@@ -74,12 +85,14 @@ class Ticket:
     page: Page
     reservation: Reservation
     cost: int
+    work: Work
     terms: Terms
     seq: tuple[float, int, int, int]
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
     started: float = 0.0
+    predicted_s: float = 0.0
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     @property
@@ -110,10 +123,9 @@ class Lane:
         self.name = name
         self.cfg = cfg
         self._reserved: Counter[int] = Counter()  # by priority: pages admitted, not yet dispatched or released
-        self._reserved_cost: Counter[int] = Counter()  # by priority: their cost
+        self._reserved_work: dict[int, Work] = {}  # by priority: their work
         self.queued_cost = 0  # cost of the pages submitted and not yet dispatched or dropped
         self.in_flight = 0
-        self.in_flight_cost = 0
         self._clients: Counter[str] = Counter()  # admitted requests per client
         self.fair = FairTags()  # the order of its requests' pages between clients
         self._done: deque[tuple[float, float]] = deque()  # (instant, seconds) of completions within DRAIN_WINDOW_S
@@ -128,14 +140,14 @@ class Lane:
         more urgent; None: every one)."""
         return sum(n for p, n in self._reserved.items() if priority is None or p <= priority)
 
-    def cost_ahead(self, priority: int | None) -> int:
-        """The cost of :meth:`ahead`'s pages."""
-        return sum(c for p, c in self._reserved_cost.items() if priority is None or p <= priority)
+    def work_ahead(self, priority: int | None) -> Work:
+        """The work of :meth:`ahead`'s pages (for pages not decoded yet, as admission expected it)."""
+        return sum((w for p, w in self._reserved_work.items() if priority is None or p <= priority), NO_WORK)
 
-    def reserve(self, priority: int, pages: int, cost: int) -> None:
-        """Hold ``pages`` more pages costing ``cost`` at ``priority`` (negative: give them back)."""
+    def reserve(self, priority: int, pages: int, work: Work) -> None:
+        """Hold ``pages`` more pages asking ``work`` at ``priority`` (negative: give them back)."""
         self._reserved[priority] += pages
-        self._reserved_cost[priority] += cost
+        self._reserved_work[priority] = self._reserved_work.get(priority, NO_WORK) + work
 
     @property
     def weight(self) -> int:
@@ -233,9 +245,11 @@ class Router:
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: dict[asyncio.Task, Ticket] = {}
-        self.service = ServiceTime(cfg.initial_page_s)  # a page's seconds in the engine by its cost
+        self.service = ServiceTime(cfg.initial_page_s)  # a page's seconds in the engine by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
+        self.mean_work = Work(pages=1)  # moving average of a dispatched page's work
+        self.marks_per_mpx = PRIOR_MARKS_PER_MPX  # moving average over decoded pages
         self.limiter = LatencyLimit(self.capacity) if cfg.concurrency == "adaptive" else None
         metrics.CONCURRENCY_LIMIT.set(self.limit)
 
@@ -263,8 +277,10 @@ class Router:
                 page, priority=EngineClass.INTERACTIVE, max_tokens=self.cfg.calibrate_max_tokens
             )
             seconds = time.monotonic() - started
-            self.service.record(self.page_cost_of(page), seconds)
-            self.idle.record(self.page_cost_of(page), seconds)
+            self.service.record(self.page_work(page), seconds)
+            self.idle.record(self.page_work(page), seconds)
+        works = [self.page_work(page) for page in pages]
+        self.mean_work = sum(works, NO_WORK).scaled(1 / len(works)) if works else self.mean_work
 
     @property
     def in_flight(self) -> int:
@@ -274,6 +290,22 @@ class Router:
     def page_cost_of(self, page: Page) -> int:
         """A decoded page's cost (``router.cost``): its visual tokens (at least 1), or 1."""
         return max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
+
+    def page_work(self, page: Page) -> Work:
+        """A decoded page's work: the pixels the engine reads for it and its marks."""
+        height, width = page.image.shape[:2]
+        return Work(1, self.engine.input_pixels(height, width), page.marks)
+
+    def request_work(self, sizes: list[tuple[int, int]] | None, pages: int) -> Work:
+        """The work of ``pages`` pages not decoded yet: from their normalized ``(width, height)``
+        ``sizes`` where known (their pixels exactly, their marks as the pages decoded lately
+        held per pixel), else (a job's page, admitted before it is claimed) ``pages`` x the moving
+        average of a page's work."""
+        if sizes is None:
+            return self.mean_work.scaled(pages)
+        pixels = sum(self.engine.input_pixels(h, w) for w, h in sizes)
+        marks = sum(w * h for w, h in sizes) * self.marks_per_mpx / 1e6
+        return Work(len(sizes), pixels, marks)
 
     def request_cost(self, pages: int, visual_tokens: int | None) -> int:
         """A request's cost: with ``router.cost: visual_tokens`` its ``visual_tokens``, or where they
@@ -294,7 +326,9 @@ class Router:
             await asyncio.gather(self._task, return_exceptions=True)
 
     @contextlib.asynccontextmanager
-    async def admit(self, terms: Terms, pages: int, visual_tokens: int | None = None) -> AsyncIterator[Reservation]:
+    async def admit(
+        self, terms: Terms, pages: int, visual_tokens: int | None = None, work: Work | None = None
+    ) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in the request's lane for the duration of a request.
 
         Yields the reservation to pass to :meth:`submit`; pages never submitted are released
@@ -302,7 +336,9 @@ class Router:
         by the request's cost: its ``visual_tokens`` with ``router.cost: visual_tokens`` (where
         given), else its pages. Only pages that go before ``terms.order`` count against the lane's
         ``queue_pages`` and the request's estimate, so a flood of documents cannot shut a single
-        page out. A ``terms.deadline`` that the estimate passes is refused now.
+        page out. The estimate prices the request's ``work`` (:meth:`request_work`; where not
+        given, its pages at the average page's); a ``terms.deadline`` that its bound
+        (:meth:`bound_s`) passes is refused now.
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
@@ -321,21 +357,22 @@ class Router:
         if lane.ahead(priority) + pages > lane.cfg.queue_pages:
             self._refuse(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
-        estimate = self.estimate_s(lane, pages, cost, priority)
-        bound = self._bound(estimate, self.own_s(pages, cost))
+        work = work or self.request_work(None, pages)
+        estimate = self.estimate_s(lane, work, priority)
+        bound = self._bound(estimate, self.own_s(work))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
-            self._check_latency_target(lane, pages, cost, bound)
-        reservation = Reservation(lane, pages, cost, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
+            self._check_latency_target(lane, work, bound)
+        reservation = Reservation(lane, work, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
         lane.enter(terms.client)
         try:
             yield reservation
         finally:
-            reservation.release(reservation.left, reservation.cost_left)
+            reservation.release(reservation.pending)
             lane.leave(terms.client)
-            self._account(lane, admitted, estimate, terms.deadline)
+            self._account(lane, admitted, estimate, bound, terms.deadline)
 
     def _refuse(self, lane: Lane, pages: int, priority: int) -> None:
         now = time.monotonic()
@@ -354,31 +391,38 @@ class Router:
         problem.status = self.cfg.overload_status
         raise problem
 
-    def estimate_s(self, lane: Lane, pages: int, cost: int, priority: int | None = None) -> float:
-        """Seconds until a request of ``pages`` pages costing ``cost`` (:meth:`request_cost`) and
-        of ``priority``, admitted to ``lane`` now, would be done: the work ahead of it (the lane's
-        admitted pages of that priority or more urgent, :meth:`Lane.ahead`; for bulk the fast lane's
-        too; and the pages in the engine) and its own, by the measured seconds a page takes for its
-        cost (:class:`~ocrserve.servicetime.ServiceTime`: a large scan takes longer than a receipt),
-        over the pages the engine runs at once. Decoding is left out: it overlaps the engine's work
-        on earlier pages. Work other clients queued inside the engine (vLLM's waiting requests,
+    def estimate_s(self, lane: Lane, work: Work, priority: int | None = None) -> float:
+        """Seconds until a request asking ``work`` (:meth:`request_work`) of ``priority``, admitted
+        to ``lane`` now, would be done: the work ahead of it (the lane's admitted pages of that
+        priority or more urgent, :meth:`Lane.work_ahead`; for bulk the fast lane's too), what is
+        left of the pages in the engine (:meth:`in_engine_s`) and its own, priced by the
+        service-time model (:class:`~ocrserve.servicetime.ServiceTime`: a dense page takes longer
+        than a receipt, a narrow strip longer than its pixels say), over the pages the engine runs
+        at once. Decoding is left out: it overlaps the engine's work on earlier pages. Work other
+        clients queued inside the engine (vLLM's waiting requests,
         :meth:`~ocrserve.engines.base.Engine.queued_inside`) runs first: :meth:`inside_s`."""
         fast = self.lanes[FAST]
-        pages_ahead = lane.ahead(priority) + self.in_flight + (fast.reserved if lane.name == BULK else 0)
-        in_engine = sum(each.in_flight_cost for each in self.lanes.values())
-        cost_ahead = lane.cost_ahead(priority) + in_engine + (fast.cost_ahead(None) if lane.name == BULK else 0)
-        return self.service.seconds(pages_ahead, cost_ahead) / self.limit + self.own_s(pages, cost) + self.inside_s()
+        ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
+        return (self.service.seconds(ahead) + self.in_engine_s()) / self.limit + self.own_s(work) + self.inside_s()
 
-    def own_s(self, pages: int, cost: int) -> float:
+    def in_engine_s(self) -> float:
+        """Seconds of work left in the engine: each page's predicted seconds less those it has
+        run, at least :data:`IN_ENGINE_FLOOR` of them."""
+        now = time.monotonic()
+        return sum(
+            max(t.predicted_s - (now - t.started), IN_ENGINE_FLOOR * t.predicted_s) for t in self._running.values()
+        )
+
+    def own_s(self, work: Work) -> float:
         """A request's own part of :meth:`estimate_s`: its pages' seconds over the pages the engine
         runs at once."""
-        return self.service.seconds(pages, cost) / self.limit
+        return self.service.seconds(work) / self.limit
 
-    def bound_s(self, lane: Lane, pages: int, cost: int, priority: int | None = None) -> float:
+    def bound_s(self, lane: Lane, work: Work, priority: int | None = None) -> float:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
         :meth:`upper_factor` (the request's own part at its mean: on an idle engine the bound is
         the estimate)."""
-        return self._bound(self.estimate_s(lane, pages, cost, priority), self.own_s(pages, cost))
+        return self._bound(self.estimate_s(lane, work, priority), self.own_s(work))
 
     def _bound(self, estimate: float, own: float) -> float:
         """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``."""
@@ -392,7 +436,7 @@ class Router:
         if not queued:
             return 0.0
         if drain_s is None:
-            return self.service.seconds(math.ceil(queued), queued * self.page_cost) / self.limit
+            return self.service.seconds(self.mean_work.scaled(queued)) / self.limit
         return drain_s
 
     def upper_factor(self) -> float:
@@ -401,7 +445,7 @@ class Router:
         pages ran over their prediction), or the median over-run of the pages in the engine now
         where larger, so a machine that slowed down shows before its pages finish."""
         now = time.monotonic()
-        running = sorted((now - t.started) / self.service.page_s(t.cost) for t in self._running.values())
+        running = sorted((now - t.started) / t.predicted_s for t in self._running.values() if t.predicted_s)
         slowdown = running[len(running) // 2] if running else 1.0
         return max(self.service.upper_factor(), slowdown)
 
@@ -411,21 +455,22 @@ class Router:
         ``latency_target_multiple`` set)."""
         return bool(self.cfg.fast.latency_target_s or self.cfg.fast.latency_target_multiple)
 
-    def latency_target_s(self, pages: int, cost: int) -> float:
-        """The fast lane's latency target for a request of ``pages`` pages costing ``cost``:
+    def latency_target_s(self, work: Work) -> float:
+        """The fast lane's latency target for a request asking ``work``:
         ``router.fast.latency_target_s``, or ``latency_target_multiple`` x its seconds on an idle
         engine (the calibration pages' fit; without calibration, the finished pages' fit: the
         debug engine takes a minute a page); its pages side by side in the engine's slots."""
         if self.cfg.fast.latency_target_s:
             return self.cfg.fast.latency_target_s
         idle = self.idle if self.idle.measured else self.service
-        idle_s = idle.seconds(pages, cost) / min(pages, self.limit)
+        idle_s = idle.seconds(work) / max(1.0, min(work.pages, self.limit))
         return self.cfg.fast.latency_target_multiple * idle_s
 
-    def _check_latency_target(self, lane: Lane, pages: int, cost: int, bound: float) -> None:
+    def _check_latency_target(self, lane: Lane, work: Work, bound: float) -> None:
         """Refuse now a fast request without its own ``timeout`` that would not be done within the
         lane's :meth:`latency_target_s` (``bound`` s: :meth:`bound_s`)."""
-        target = self.latency_target_s(pages, cost)
+        target = self.latency_target_s(work)
+        pages = round(work.pages)
         if bound <= target:
             return
         wait = max(1, math.ceil(bound - target))
@@ -458,11 +503,13 @@ class Router:
         )
 
     @staticmethod
-    def _account(lane: Lane, admitted: float, estimate: float, deadline: Deadline | None) -> None:
-        """How an admitted request's time compared with its admission estimate, and whether it
-        still missed its deadline (``ocrserve_admission_estimate_error_seconds``,
-        ``ocrserve_admitted_deadline_misses_total``)."""
-        metrics.ADMISSION_ESTIMATE_ERROR.labels(lane.name).observe(time.monotonic() - admitted - estimate)
+    def _account(lane: Lane, admitted: float, estimate: float, bound: float, deadline: Deadline | None) -> None:
+        """How an admitted request's time compared with its admission estimate and bound, and
+        whether it still missed its deadline (``ocrserve_admission_estimate_error_seconds``,
+        ``ocrserve_admission_bound_ratio``, ``ocrserve_admitted_deadline_misses_total``)."""
+        seconds = time.monotonic() - admitted
+        metrics.ADMISSION_ESTIMATE_ERROR.labels(lane.name).observe(seconds - estimate)
+        metrics.ADMISSION_BOUND_RATIO.labels(lane.name).observe(seconds / max(bound, 1e-3))
         if deadline is not None and deadline.passed():
             metrics.ADMITTED_DEADLINE_MISSES.labels(lane.name).inc()
 
@@ -484,9 +531,11 @@ class Router:
         """
         lane = reservation.lane
         deadline = terms.deadline
-        cost = self.page_cost_of(page)
+        cost, work = self.page_cost_of(page), self.page_work(page)
+        reservation.submitted(work)
+        self.marks_per_mpx += SERVICE_EWMA * (page.marks * 1e6 / max(page.image[..., 0].size, 1) - self.marks_per_mpx)
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
-        ticket = Ticket(page, reservation, cost, terms, seq)
+        ticket = Ticket(page, reservation, cost, work, terms, seq)
         self.policy.push(ticket)
         lane.queue(cost)
         self._alarm.ring()
@@ -506,7 +555,7 @@ class Router:
         or cancel it in the engine."""
         if ticket.task is None:
             if self.policy.remove(ticket):
-                ticket.reservation.release(1, ticket.cost)
+                ticket.reservation.dequeue(ticket.work)
                 ticket.lane.queue(-ticket.cost)
                 metrics.REJECTIONS.labels(ticket.lane.name, reason).inc()
         elif not ticket.task.done():
@@ -526,7 +575,7 @@ class Router:
 
     def _expire(self, ticket: Ticket) -> None:
         """A page popped after its deadline: it fails without reaching the engine."""
-        ticket.reservation.release(1, ticket.cost)
+        ticket.reservation.dequeue(ticket.work)
         ticket.lane.queue(-ticket.cost)
         metrics.REJECTIONS.labels(ticket.lane.name, "deadline").inc()
         ticket.future.set_exception(DeadlinePassed(f"page {ticket.page.index + 1}: its deadline passed in the queue"))
@@ -542,17 +591,18 @@ class Router:
 
     def _start(self, ticket: Ticket) -> None:
         lane = ticket.lane
-        ticket.reservation.release(1, ticket.cost)
+        ticket.reservation.dequeue(ticket.work)
         lane.queue(-ticket.cost)
         lane.fair.dispatched(ticket.reservation.start)
         lane.in_flight += 1
-        lane.in_flight_cost += ticket.cost
         self.page_cost += SERVICE_EWMA * (ticket.cost - self.page_cost)
+        self.mean_work += (ticket.work - self.mean_work).scaled(SERVICE_EWMA)
         lane.publish()
         metrics.SLOTS_IN_USE.set(self.in_flight)
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
+        ticket.predicted_s = self.service.seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
@@ -573,12 +623,11 @@ class Router:
         """The page left the engine (answered, failed or aborted): free its slot."""
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
-        ticket.lane.in_flight_cost -= ticket.cost
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now, now - ticket.enqueued)
             seconds = now - ticket.started
-            self.service.record(ticket.cost, seconds)
+            self.service.record(ticket.work, seconds)
             if self.limiter:
                 self.limiter.record(seconds)
                 metrics.CONCURRENCY_LIMIT.set(self.limit)
@@ -587,31 +636,49 @@ class Router:
 
 
 class Reservation:
-    """Room a request holds in a lane: pages admitted and not yet dispatched or dropped.
+    """Room a request holds in a lane: pages admitted and not yet dispatched or dropped, and the
+    work they ask (:class:`~ocrserve.servicetime.Work`): for pages not decoded yet as admission
+    expected it, for queued ones their own.
 
     Args:
         lane: the lane.
-        pages: pages reserved; added to ``lane.reserved`` now.
-        cost: their cost (:meth:`Router.request_cost`).
+        work: the work its pages are expected to ask (``work.pages`` pages); added to the lane's now.
         priority: the request's priority, which the pages are reserved at (:meth:`Lane.ahead`).
         order: the request's admission number (its pages' place in the lane).
         start, finish: its fair-queueing tags (:class:`~ocrserve.policies.FairTags`).
     """
 
-    def __init__(self, lane: Lane, pages: int, cost: int, priority: int, order: int, start: float, finish: float):
+    def __init__(self, lane: Lane, work: Work, priority: int, order: int, start: float, finish: float):
         self.lane = lane
         self.priority = priority
         self.order = order
         self.start, self.finish = start, finish
-        self.left, self.cost_left = pages, cost
-        lane.reserve(priority, pages, cost)
+        self.pending, self.pending_work = round(work.pages), work  # pages not submitted yet, their expected work
+        lane.reserve(priority, self.pending, work)
 
-    def release(self, pages: int, cost: int = 0) -> None:
-        """Give back ``pages`` of the reservation costing ``cost`` (dispatched, dropped, or never
-        submitted; a page's cost once decoded may differ a little from the admission's estimate of it,
-        so the last page gives back what is left)."""
-        pages = min(pages, self.left)
-        cost = self.cost_left if pages == self.left else min(cost, self.cost_left)
-        self.left -= pages
-        self.cost_left -= cost
-        self.lane.reserve(self.priority, -pages, -cost)
+    def _share(self, pages: int) -> Work:
+        """The expected work of ``pages`` of the pending pages (all that is left for the last)."""
+        return self.pending_work if pages >= self.pending else self.pending_work.scaled(pages / self.pending)
+
+    def release(self, pages: int) -> None:
+        """Give back ``pages`` pages never submitted (skipped: a blank page, a page that failed
+        decoding; or left when the request ends)."""
+        pages = min(pages, self.pending)
+        if pages:
+            share = self._share(pages)
+            self.pending -= pages
+            self.pending_work -= share
+            self.lane.reserve(self.priority, -pages, NO_WORK - share)
+
+    def submitted(self, work: Work) -> None:
+        """One of its pages was decoded and queued asking ``work``: that replaces its share of the
+        expected work (a page beyond the reservation, a job page's retry, joins it)."""
+        share = self._share(1) if self.pending else NO_WORK
+        added = 0 if self.pending else 1
+        self.pending = max(0, self.pending - 1)
+        self.pending_work -= share
+        self.lane.reserve(self.priority, added, work - share)
+
+    def dequeue(self, work: Work) -> None:
+        """A queued page asking ``work`` left the queue (dispatched or dropped)."""
+        self.lane.reserve(self.priority, -1, NO_WORK - work)

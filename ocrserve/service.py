@@ -114,7 +114,8 @@ class OcrService:
             # the lane's default deadline runs from admission
             terms = resolve(work, self.config.router, len(indices), pixels)
             tokens = info.visual_tokens(indices, self.config.preprocess)
-            async with self.router.admit(terms, len(indices), tokens) as reservation:
+            work = self.router.request_work(info.normalized_sizes(indices, self.config.preprocess), len(indices))
+            async with self.router.admit(terms, len(indices), tokens, work) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, terms)
         for attempt in attempts:
             self.pipeline.count_final(attempt)

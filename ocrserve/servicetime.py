@@ -1,16 +1,22 @@
-"""A page's seconds in the engine as a function of its cost, learned from the pages that finish;
-admission estimates how long the work ahead of a request will take from it.
+"""A page's seconds in the engine, predicted before it runs from what the preprocessor sees, and
+learned from the pages that finish; admission estimates how long the work ahead of a request
+will take from it.
 
-Pages differ, but not in proportion to their cost: every page pays a fixed part (its crops, its
-transfers, the engine's work per request) besides the part that grows with its pixels or visual
-tokens. Measured on the embedded engine (2 cores, 2026-12-01): a 640 x 200 page (128 k tokens)
-took 0.3 s, a 1545 x 2000 page (3.1 M tokens, 24 times more) about 2 s, 6.7 times more. So the
-model is a power law, ``seconds = c x cost ** k``, fitted by exponentially weighted least squares
-on logarithms over recent pages (the newest weighs :data:`FIT_WEIGHT`), ``k`` kept within [0, 1].
-While recent pages are all alike, nothing says how time grows with cost, and ``k`` is
-:data:`PRIOR_EXPONENT`, halfway between "every page alike" (0) and "in proportion to cost" (1):
-a first large scan after small pages is then neither waved through nor refused outright, and
-the fit takes over once it has finished.
+A page's :class:`Work` is three figures known before the engine sees it: the page itself (a fixed
+part: its transfers, the engine's work per request), the pixels the engine reads (the detector's
+input for the embedded engine, which magnifies a narrow strip many times:
+:meth:`~ocrserve.engines.base.Engine.input_pixels`; the page's pixels, and so its visual tokens,
+for a VLM), and its *marks*, the character-sized blobs of ink the preprocessor counts on it
+(:mod:`ocrserve.preprocess.marks`), which recognition (or a VLM's decoding) grows with. The model
+is linear in them, ``seconds = a + b x megapixels + c x kilomarks`` (a request's work is the sum
+of its pages'), fitted by exponentially weighted least squares over recent pages (the newest
+weighs :data:`FIT_WEIGHT`), every coefficient kept at 0 or above, and drawn towards the prior
+``(initial_s, 0, 0)`` by a ridge of :data:`PRIOR_WEIGHT` pages. Measured on the development half
+of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-03): detection
+took 0.2 s for a 0.4 Mpx map and 2.9 s for the 56 x 392 px strip ``ocrmypdf/crom.png``
+(magnified to 736 x 5152 at the detector's input), recognition 0.5 s for phototest's 239 marks and
+6.2 s for ``linn.png``'s 3,031; pixels alone put the two letter-size pages ``linn.png`` (7.4 s)
+and ``segmodeimg.tif`` (1.9 s, 24 marks) at one cost.
 
 Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each finished page's
 seconds over what the model predicted for it before it finished are kept (the last
@@ -24,13 +30,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
 
 #: Weight of the newest page in the fit (about the last 1 / FIT_WEIGHT pages count).
 FIT_WEIGHT = 0.05
-#: The exponent while recent pages' costs are alike (module docstring; the measured one was 0.6).
-PRIOR_EXPONENT = 0.5
-#: Below this spread of recent log-costs (their standard deviation) the pages count as alike.
-ALIKE = 0.1
+#: How many pages' worth the prior ``(initial_s, 0, 0)`` weighs in the fit (a ridge towards it):
+#: enough to keep the fit defined after one page, little enough that three calibration pages
+#: outweigh it.
+PRIOR_WEIGHT = 0.05
 #: Ratios of actual to predicted seconds kept for :meth:`ServiceTime.upper_factor`.
 RATIOS_KEPT = 64
 #: The quantile of those ratios admission multiplies its estimates by.
@@ -41,54 +50,93 @@ ENOUGH_PAGES = 16
 #: The factor until then: the service-time model of a fresh gateway was off by up to 2x on pages
 #: unlike its calibration pages (a dense scan against the letter page).
 PRIOR_FACTOR = 2.0
+#: Units of the features: megapixels and thousands of marks keep the fit's numbers near 1.
+PIXEL_UNIT, MARK_UNIT = 1e6, 1e3
+
+
+@dataclass(frozen=True)
+class Work:
+    """What pages ask of the engine; sums over pages, so a request's work is its pages' sum.
+
+    Attributes:
+        pages: how many pages.
+        pixels: the pixels the engine reads for them (:meth:`~ocrserve.engines.base.Engine.input_pixels`).
+        marks: the character-sized blobs of ink on them (:mod:`ocrserve.preprocess.marks`),
+            counted or, before decoding, expected.
+    """
+
+    pages: float = 0.0
+    pixels: float = 0.0
+    marks: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.pages + other.pages, self.pixels + other.pixels, self.marks + other.marks)
+
+    def __sub__(self, other: Work) -> Work:
+        return Work(self.pages - other.pages, self.pixels - other.pixels, self.marks - other.marks)
+
+    def scaled(self, factor: float) -> Work:
+        """This work times ``factor`` (a share of a request's pages: ``1 / pages``)."""
+        return Work(self.pages * factor, self.pixels * factor, self.marks * factor)
+
+    def features(self) -> np.ndarray:
+        """``(pages, megapixels, kilomarks)``: the model's inputs."""
+        return np.array([self.pages, self.pixels / PIXEL_UNIT, self.marks / MARK_UNIT])
+
+
+NO_WORK = Work()
 
 
 class ServiceTime:
-    """``seconds = c x cost ** k`` for a page in the engine (module docstring).
+    """``seconds = a x pages + b x megapixels + c x kilomarks`` in the engine (module docstring).
 
     Args:
-        initial_s: a page's seconds until one has been measured (``router.initial_page_s``).
+        initial_s: a page's seconds until pages have been measured (``router.initial_page_s``):
+            the prior ``a``.
     """
 
     def __init__(self, initial_s: float):
         self.initial_s = initial_s
         self.measured = 0
-        self._sums = [0.0] * 5  # weights, x, y, x^2, x y of x = log cost, y = log seconds
+        self._xx = np.zeros((3, 3))  # weighted sums of x x^T and x y
+        self._xy = np.zeros(3)
+        self._coefficients = np.array([initial_s, 0.0, 0.0])
         self.ratios: deque[float] = deque(maxlen=RATIOS_KEPT)  # actual / predicted seconds, newest last
 
-    def record(self, cost: float, seconds: float) -> None:
-        """A page of ``cost`` (at least 1) took ``seconds`` in the engine."""
-        self.ratios.append(seconds / self.page_s(cost))
-        x, y = math.log(max(cost, 1.0)), math.log(max(seconds, 1e-6))
+    def record(self, work: Work, seconds: float) -> None:
+        """One page of ``work`` (``pages`` 1) took ``seconds`` in the engine."""
+        self.ratios.append(seconds / self.seconds(work))
+        x = work.features()
         keep = 1 - FIT_WEIGHT if self.measured else 0.0
-        for i, value in enumerate((1.0, x, y, x * x, x * y)):
-            self._sums[i] = keep * self._sums[i] + value
+        self._xx = keep * self._xx + np.outer(x, x)
+        self._xy = keep * self._xy + x * seconds
         self.measured += 1
+        self._coefficients = self._fit()
+
+    def _fit(self) -> np.ndarray:
+        """The ridge least-squares coefficients, a feature whose coefficient comes out negative
+        dropped (set to 0) and the rest fitted again without it."""
+        prior = np.array([self.initial_s, 0.0, 0.0])
+        free = [0, 1, 2]
+        while True:
+            xx = self._xx[np.ix_(free, free)] + PRIOR_WEIGHT * np.eye(len(free))
+            solved = np.linalg.solve(xx, self._xy[free] + PRIOR_WEIGHT * prior[free])
+            if (solved >= 0).all() or len(free) == 1:
+                coefficients = np.zeros(3)
+                coefficients[free] = np.maximum(solved, 0.0)
+                return coefficients
+            free = [f for f, c in zip(free, solved, strict=True) if c >= 0] or [0]
 
     @property
-    def exponent(self) -> float:
-        """``k``: how a page's seconds grow with its cost (:data:`PRIOR_EXPONENT` while pages are alike)."""
-        w, sx, sy, sxx, sxy = self._sums
-        if not self.measured:
-            return PRIOR_EXPONENT
-        mean_x = sx / w
-        variance = sxx / w - mean_x * mean_x
-        if variance <= ALIKE * ALIKE:
-            return PRIOR_EXPONENT
-        return min(1.0, max(0.0, (sxy / w - mean_x * sy / w) / variance))
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(a, b, c)``: seconds per page, per megapixel, per thousand marks."""
+        a, b, c = self._coefficients
+        return float(a), float(b), float(c)
 
-    def page_s(self, cost: float) -> float:
-        """Seconds of one page of ``cost``; :attr:`initial_s` before any page has been measured."""
-        if not self.measured:
-            return self.initial_s
-        w, sx, sy, _, _ = self._sums
-        k = self.exponent
-        return math.exp(sy / w - k * sx / w) * max(cost, 1.0) ** k
-
-    def seconds(self, pages: int, cost: float) -> float:
-        """Seconds of engine work for ``pages`` pages costing ``cost`` in all, taking each at their
-        mean cost (which, ``k`` being at most 1, can only overstate the work of unequal pages)."""
-        return pages * self.page_s(cost / pages) if pages else 0.0
+    def seconds(self, work: Work) -> float:
+        """Seconds in the engine of ``work`` (one page or many, one after another); at least a
+        millisecond a page."""
+        return max(float(self._coefficients @ work.features()), 1e-3 * work.pages)
 
     def upper_factor(self) -> float:
         """What admission multiplies an estimate by (module docstring): the :data:`UPPER_QUANTILE`

@@ -111,14 +111,14 @@ def ocr(url: str, timeout: float = 120) -> httpx.Response:
 
 def test_launch_plans_starts_vllm_calibrates_briefly_and_serves_a_page(launched):
     """The launcher plans and starts the real vLLM, waits for its /health, starts the gateway;
-    the gateway's two calibration pages reach vLLM capped at ``router.calibrate_max_tokens`` and
+    the gateway's three calibration pages reach vLLM capped at ``router.calibrate_max_tokens`` and
     are not retried (a random model never ends its reply: uncapped, each ran to the model card's
     16,384 tokens, twice), so /readyz turns 200 soon after vLLM is healthy; then a page goes
     through."""
     output = launched.output()
     assert "--max-num-queued-reqs" in output and "--enable-log-requests" in output  # the planned argv
     calibration = launched.vllm_lines(rf"Received request .*max_tokens={CALIBRATION_TOKENS},")
-    assert len(calibration) == 2, calibration  # one each, never retried
+    assert len(calibration) == 3, calibration  # one each, never retried
     assert "calibration skipped" not in output
     healthy = output.index("vLLM is healthy; starting the gateway")
     assert healthy < output.index("ready on http://")

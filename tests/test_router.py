@@ -18,9 +18,11 @@ from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
+from ocrserve.preprocess.marks import count_marks
 from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
+from ocrserve.servicetime import Work
 from ocrserve.work import Deadline, Priority, WorkItem
 from tests.samples import phototest
 
@@ -34,7 +36,7 @@ def blank(index: int = 0) -> Page:
 
 def text_page(index: int = 0) -> Page:
     image = np.asarray(phototest())
-    return Page(index=index, image=image, width=640, height=480, visual_tokens=300)
+    return Page(index=index, image=image, width=640, height=480, visual_tokens=300, marks=count_marks(image))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -143,7 +145,7 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     router = make_router(initial_page_s=2.0)
     # nothing measured yet: router.initial_page_s stands in, and refuses what it could not finish
     assert router.service.measured == 0
-    assert router.estimate_s(router.lanes[FAST], 1, 300) == pytest.approx(2.0 / router.limit)
+    assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0 / router.limit)
     with pytest.raises(Overloaded, match="would be ahead of and in it"):
         async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
             pass
@@ -153,24 +155,27 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
     bulk = router.lanes[BULK]
-    # pages admitted without their visual tokens (as a job's are) cost what an average page has
-    assert bulk.in_flight_cost == 300 and bulk.cost_ahead(None) > 3 * 50
-    estimate = router.estimate_s(bulk, 2, 600)
-    work = router.service.seconds(bulk.reserved + 1, bulk.cost_ahead(None) + 300) + router.service.seconds(2, 600)
-    assert estimate == pytest.approx(work / router.limit)
+    # the pages queued ask what decoded pages do: the pixels the detector reads, their marks
+    page = router.page_work(text_page())
+    assert page.pixels == 736 * 992 and page.marks > 200
+    assert bulk.work_ahead(None) == page + page + page
+    two = page + page
+    estimate = router.estimate_s(bulk, two)
+    work = router.service.seconds(bulk.work_ahead(None)) + router.in_engine_s() + router.service.seconds(two)
+    assert estimate == pytest.approx(work / router.limit, rel=0.05)  # the page in the engine runs on meanwhile
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
-        async with router.admit(terms(router, BULK, 2, Deadline.after(estimate / 2)), 2, visual_tokens=600):
+        async with router.admit(terms(router, BULK, 2, Deadline.after(estimate / 2)), 2, 600, two):
             pass
     assert time.monotonic() - started < 0.1  # at once, not after waiting
     problem = refused.value
     assert problem.status == 503 and problem.slug == "deadline-unmeetable"
     # admission holds it to the work ahead times its upper factor; the deadline's seconds left shrink
-    wait = max(1, math.ceil(router.bound_s(bulk, 2, 600) - estimate / 2))
-    assert int(problem.headers["Retry-After"]) in (wait, wait + 1)
+    wait = max(1, math.ceil(router.bound_s(bulk, two) - estimate / 2))
+    assert int(problem.headers["Retry-After"]) in (wait - 1, wait, wait + 1)
     in_time = terms(router, BULK, 2, Deadline.after(estimate * 4))
-    async with router.admit(in_time, 2, visual_tokens=600) as reservation:
-        assert reservation.left == 2
+    async with router.admit(in_time, 2, 600, two) as reservation:
+        assert reservation.pending == 2
     await asyncio.gather(*queued)
 
 
@@ -252,7 +257,7 @@ async def test_documents_filling_the_fast_lane_do_not_shut_a_single_page_out(mak
                 pass
         async with router.admit(terms(router, FAST, order=0), 1) as reservation:
             assert router.lanes[FAST].reserved == 5 and router.lanes[FAST].ahead(0) == 1
-            assert reservation.left == 1
+            assert reservation.pending == 1
 
 
 async def test_one_client_keeps_admission_order(make_router):
@@ -285,7 +290,7 @@ async def test_admissions_are_accounted_against_their_estimate_and_deadline(make
     assert sample("ocrserve_lane_active_clients") == 0
     assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
     assert sample("ocrserve_admitted_deadline_misses_total") == misses  # done in time
-    seconds = router.estimate_s(router.lanes[BULK], 1, router.request_cost(1, None))
+    seconds = router.estimate_s(router.lanes[BULK], router.request_work(None, 1))
     allowed = seconds * router.upper_factor() + 0.5  # what admission reckons, with room to spare
     async with router.admit(terms(router, BULK, deadline=Deadline.after(allowed), client="x"), 1):
         await asyncio.sleep(allowed + 0.1)  # admitted, then the request itself dawdles past its deadline
@@ -422,17 +427,18 @@ async def test_failing_page_fails_alone(make_router):
     assert outcomes[2].index == 2 and outcomes[2].text == ""
 
 
-async def test_calibration_teaches_the_service_time_model_how_pages_grow(make_router):
-    """Two synthetic pages at start (a line, a full letter page) give the admission a measured page
-    time and its growth with cost before any client's page: a large scan is estimated above a
-    strip, but below its cost ratio."""
+async def test_calibration_teaches_the_service_time_model_what_text_costs(make_router):
+    """Three synthetic pages at start (a line, a full letter page, the letter page with one line)
+    give the admission measured page times before any client's page: a letter page full of text
+    is estimated above the same page with one line, as it takes longer."""
     router = make_router()
-    strip, letter = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
-    assert strip.visual_tokens < letter.visual_tokens
-    await router.calibrate([strip, letter])
-    assert router.service.measured == 2 and 0 < router.service.exponent <= 1
-    small, large = (router.service.page_s(page.visual_tokens) for page in (strip, letter))
-    assert small < large < small * letter.visual_tokens / strip.visual_tokens
+    strip, letter, sparse = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
+    assert strip.marks < sparse.marks < letter.marks / 10
+    await router.calibrate([strip, letter, sparse])
+    assert router.service.measured == 3
+    dense_s, sparse_s = (router.service.seconds(router.page_work(page)) for page in (letter, sparse))
+    assert dense_s > 1.5 * sparse_s
+    assert router.mean_work.pages == 1 and router.mean_work.marks > sparse.marks
 
 
 async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_the_client_set_a_timeout(
@@ -444,7 +450,8 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
     fast = router.lanes[FAST]
     # nothing ahead: the bound is the estimate itself, whatever the upper factor (2 while nothing was measured)
-    assert router.upper_factor() == 2.0 and router.bound_s(fast, 1, 300) == router.estimate_s(fast, 1, 300) == 2.0
+    page = Work(1, 3e5, 300)
+    assert router.upper_factor() == 2.0 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass
@@ -452,12 +459,12 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     assert problem.status == 503 and problem.slug == "latency-target" and problem.headers["Retry-After"] == "1"
     assert "above its latency target of 1.5 s" in str(problem)
     async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
-        assert reservation.left == 1
+        assert reservation.pending == 1
     # with latency_target_multiple the target is that many times the request's time on an idle
     # engine (the calibration pages' fit; here none: the finished pages'); by default there is none
     settings = {"initial_page_s": 2.0, "fast": {"latency_target_multiple": 5}}
     multiple = Router(engine, RouterConfig.model_validate(settings))
-    assert multiple.has_latency_target and multiple.latency_target_s(1, 300) == pytest.approx(5 * 2.0)
+    assert multiple.has_latency_target and multiple.latency_target_s(page) == pytest.approx(5 * 2.0)
     assert not Router(engine, RouterConfig()).has_latency_target
 
 

@@ -71,8 +71,8 @@ class LaneStats(BaseModel):
         "null when none finished"
     )
     predicted_s: float = Field(
-        description="seconds a one-page request of the average page's cost admitted now would take, as admission "
-        "reckons it: the work ahead of it times upper_factor, and its own"
+        description="seconds a one-page request of the average page's work (pixels the engine reads, marks of "
+        "ink) admitted now would take, as admission reckons it: the work ahead of it times upper_factor, and its own"
     )
 
 
@@ -131,7 +131,7 @@ async def stats(request: Request) -> Stats:
     router: Router = state.router
     now = time.monotonic()
     factor = router.upper_factor()
-    page_cost = max(1, round(router.page_cost))
+    page = router.mean_work  # one page's: a moving average of pages
     lanes = {}
     for name, lane in router.lanes.items():
         p95 = lane.latency_quantile(now, LATENCY_QUANTILE)
@@ -143,7 +143,7 @@ async def stats(request: Request) -> Stats:
             in_engine=lane.in_flight,
             pages_per_s=round(lane.drain_rate(now), 3),
             p95_s=None if p95 is None else round(p95, 3),
-            predicted_s=round(router.bound_s(lane, 1, page_cost), 3),
+            predicted_s=round(router.bound_s(lane, page), 3),
         )
     engine = EngineStats(
         model=state.engine.model,
@@ -158,7 +158,7 @@ async def stats(request: Request) -> Stats:
         fast_max_pages=router.cfg.fast.max_pages,
         lanes=lanes,
         upper_factor=round(factor, 3),
-        fast_latency_target_s=round(router.latency_target_s(1, page_cost), 3) if router.has_latency_target else None,
+        fast_latency_target_s=round(router.latency_target_s(page), 3) if router.has_latency_target else None,
         engine=engine,
         jobs=await _job_stats(state.jobs),
     )

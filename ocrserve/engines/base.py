@@ -114,6 +114,13 @@ class Engine(abc.ABC):
                 raise outcome
         return list(outcomes)
 
+    def input_pixels(self, height: int, width: int) -> int:
+        """Pixels the engine reads for a normalized page of ``height x width`` px: by default the
+        page's own (a VLM's visual tokens grow with them); an engine that resizes pages for its
+        model says how (the embedded engine's detector magnifies a narrow strip). Admission prices
+        a page by them (:mod:`ocrserve.servicetime`)."""
+        return height * width
+
     def saturated(self) -> bool:
         """True while the engine's own queue is backed up and new pages should wait in the router.
 

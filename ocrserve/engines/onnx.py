@@ -203,6 +203,12 @@ class OnnxEngine(Engine):
         """Crops per recognition batch, the last 1024 batches."""
         return list(self._batcher.batch_sizes) if self._batcher else []
 
+    def input_pixels(self, height: int, width: int) -> int:
+        """The pixels of the page's detector input (:func:`detector_input_size`): the detection's
+        cost, which for a narrow strip is many times the page's own pixels."""
+        h, w = detector_input_size(height, width)
+        return h * w
+
     def _stages(self, priority: int) -> Stages:
         return self._urgent if is_urgent(priority) else self._background
 
@@ -380,6 +386,29 @@ def _detect_large_text(detector: TextDetector, image: np.ndarray, first: TextDet
     if len(boxes) == 0:
         return first
     return TextDetOutput(image, detector.sorted_boxes(boxes), scores)
+
+
+def detector_input_size(height: int, width: int) -> tuple[int, int]:
+    """``(height, width)`` of the detector's input for a page of ``height x width`` px, as rapidocr
+    ``(3.x, default config.yaml)`` makes it: sides within ``Global.min_side_len`` 30 and
+    ``max_side_len`` 2000 (``resize_image_within_bounds``); a page wider than
+    ``width_height_ratio`` 8 times its height (or under ``min_height`` 30 px) padded to a quarter
+    of its width (``apply_vertical_padding``); then the shorter side raised to ``Det.limit_side_len``
+    736 (``limit_type: min``, ``DetPreProcess.resize``), both sides rounded to multiples of 32.
+
+    Measured on 2 cores: the 56 x 392 px strip ``ocrmypdf/crom.png`` reaches the detector at
+    736 x 5152 px (3.8 Mpx, 190 times its own pixels) and takes 2.9 s, a 640 x 480 page 0.3 s."""
+    height, width = max(1, height), max(1, width)
+    if max(height, width) > 2000:
+        ratio = 2000 / max(height, width)
+        height, width = int(height * ratio), int(width * ratio)
+    if min(height, width) < 30:
+        ratio = 30 / min(height, width)
+        height, width = int(height * ratio), int(width * ratio)
+    if height <= 30 or width / height > 8:
+        height += 2 * (abs(max(int(width / 8), 30) * 2 - height) // 2)
+    ratio = 736 / min(height, width) if min(height, width) < 736 else 1.0
+    return max(32, round(int(height * ratio) / 32) * 32), max(32, round(int(width * ratio) / 32) * 32)
 
 
 def _tall(boxes: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from ocrserve.pages import Page
 from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
+from ocrserve.preprocess.marks import count_marks
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
 from ocrserve.work import is_urgent
@@ -77,14 +78,18 @@ class DocumentInfo:
     sizes: tuple[tuple[int, int], ...]
     frames: tuple[int, ...] = ()
 
+    def normalized_sizes(self, indices: Sequence[int], cfg: PreprocessConfig) -> list[tuple[int, int]]:
+        """``(width, height)`` the pages ``indices`` will have after normalization (:func:`target_size`)."""
+        return [target_size(*self.sizes[i], cfg) for i in indices]
+
     def normalized_pixels(self, indices: Sequence[int], cfg: PreprocessConfig) -> int:
         """Pixels the pages ``indices`` will have after normalization, in all."""
-        return sum(math.prod(target_size(*self.sizes[i], cfg)) for i in indices)
+        return sum(math.prod(size) for size in self.normalized_sizes(indices, cfg))
 
     def visual_tokens(self, indices: Sequence[int], cfg: PreprocessConfig) -> int:
         """Visual tokens of the pages ``indices`` after normalization, in all (:func:`visual_tokens`
         of each page's target size): the request's cost before any page is decoded."""
-        return sum(visual_tokens(h, w, cfg.factor) for w, h in (target_size(*self.sizes[i], cfg) for i in indices))
+        return sum(visual_tokens(h, w, cfg.factor) for w, h in self.normalized_sizes(indices, cfg))
 
     def select(self, pages: str | None, cfg: PreprocessConfig) -> list[int]:
         """The 0-based indices of the requested ``pages`` (``"1-3,5"``; None: all), checked before
@@ -468,17 +473,20 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
 def _page(index: int, image: Image.Image, width: int, height: int, cfg: PreprocessConfig, started: float) -> Page:
     """The :class:`Page` of a decoded RGB ``image`` at its normalized size; ``width``/``height`` are
     the client's pixels, ``started`` the ``time.perf_counter()`` instant decoding began. With
-    ``preprocess.blank_check`` a page with no ink is marked ``blank`` (:mod:`.blank`)."""
+    ``preprocess.blank_check`` a page with no ink is marked ``blank`` (:mod:`.blank`); the others'
+    marks are counted (:mod:`.marks`)."""
     blank = cfg.blank_check and is_blank(image)
+    pixels = np.asarray(image)
     return Page(
         index=index,
-        image=np.asarray(image),
+        image=pixels,
         width=width,
         height=height,
         visual_tokens=visual_tokens(image.height, image.width, cfg.factor),
-        preprocess_s=time.perf_counter() - started,
         orientation=cfg.orientation == "auto",
         blank=blank,
+        marks=0 if blank else count_marks(pixels),
+        preprocess_s=time.perf_counter() - started,
     )
 
 

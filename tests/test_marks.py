@@ -1,0 +1,51 @@
+"""Counting a page's marks (character-sized blobs of ink), and the pixels the embedded engine's
+detector reads: what admission prices a page by before the engine sees it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+from rapidocr import RapidOCR
+
+from ocrserve.engines.onnx import _vertical_padding, detector_input_size
+from ocrserve.preprocess.marks import count_marks
+from tests.samples import phototest
+
+
+def test_phototest_has_about_as_many_marks_as_characters():
+    """phototest holds 284 characters (its ground truth without spaces, 8 lines); "i" and "j" are
+    two marks, touching letters one."""
+    assert 220 <= count_marks(np.asarray(phototest())) <= 300
+
+
+def test_a_blank_page_a_frame_and_a_rule_have_no_marks():
+    white = np.full((1000, 800, 3), 255, np.uint8)
+    assert count_marks(white) == 0
+    framed = Image.fromarray(white)
+    draw = ImageDraw.Draw(framed)
+    draw.rectangle((20, 20, 780, 980), outline="black", width=6)  # one component, taller than a character
+    draw.line((40, 500, 760, 500), fill="black", width=3)  # a rule: as tall as a character, but one mark
+    assert count_marks(np.asarray(framed)) <= 1
+
+
+def test_light_text_on_a_dark_page_counts_as_the_same_text():
+    page = np.asarray(phototest())
+    assert count_marks(255 - page) == pytest.approx(count_marks(page), rel=0.1)
+
+
+def test_a_large_page_is_counted_on_a_smaller_copy():
+    """A page above a megapixel is brought down first: the same text at twice the size keeps its count."""
+    page = phototest()
+    double = page.resize((page.width * 2, page.height * 2), Image.Resampling.NEAREST)
+    assert count_marks(np.asarray(double.convert("L"))) == pytest.approx(count_marks(np.asarray(page)), rel=0.15)
+
+
+@pytest.mark.parametrize("height, width", [(56, 392), (39, 445), (445, 39), (480, 640), (2200, 1700), (1176, 840)])
+def test_the_detector_input_size_is_rapidocrs_own(height, width):
+    """What :func:`detector_input_size` computes is what rapidocr's own steps make of the page."""
+    ocr = RapidOCR(params={"Global.log_level": "warning"})
+    image, record = ocr.preprocess_img(np.zeros((height, width, 3), np.uint8))
+    image, _ = _vertical_padding(ocr, image, record)
+    real = ocr._load_det_model().get_preprocess().resize(image).shape[:2]
+    assert detector_input_size(height, width) == real

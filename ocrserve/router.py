@@ -59,10 +59,10 @@ SERVICE_EWMA = 0.2
 #: this share of them at least: one running past its prediction is not done yet.
 IN_ENGINE_FLOOR = 0.25
 #: Marks (:mod:`ocrserve.preprocess.marks`) a normalized megapixel is expected to hold before any
-#: page has been decoded: the full letter calibration page's, 1,239 marks on 840 x 1176 px
-#: (``ocrserve.preprocess.synthetic``, local profile), a dense page, so that a first burst is priced
-#: as if its pages were full of text.
-PRIOR_MARKS_PER_MPX = 1250.0
+#: page has been decoded: about the densest pages of the corpus's development half (``linn.png``
+#: 981, ``c02-22.pdf`` 900, ``phototest.tif`` 778; the full letter calibration page 689, local
+#: profile), so that a first burst is priced as if its pages were full of text.
+PRIOR_MARKS_PER_MPX = 1000.0
 
 
 @dataclass(eq=False)

@@ -194,4 +194,4 @@ def test_every_dashboard_panel_returns_series_from_a_real_prometheus(monitored, 
     assert all(n > 0 for _, _, n in counts), [title for title, _, n in counts if n == 0]
     rules = httpx.get(f"{prometheus}/api/v1/rules", timeout=30).json()["data"]["groups"]
     broken = [(r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] == "err"]
-    assert not broken and sum(len(g["rules"]) for g in rules) == 15, broken
+    assert not broken and sum(len(g["rules"]) for g in rules) == 18, broken

@@ -1,16 +1,32 @@
 """Many ordinary clients against one gateway: do accepted requests finish, and does a small one
-get through? (issue 13's two many-clients cases)
+get through? (issue 13's two many-clients cases), also on pages the gateway was not tuned on, on a
+busy machine and on a gateway that has seen nothing yet.
 
-``documents``: ``--clients`` clients each post a ``--pages``-page PDF at the same instant with a
-``--timeout``. Reported: how many were accepted, how many of those completed within it (and when),
-how many were refused at once (503 with ``Retry-After``) and how fast, how many were accepted and
-then failed with 504, and the pages completed in the window against what the engine does alone in
-as long (measured first, one document after another).
+``documents``: ``--clients`` clients each post the same document at the same instant with a
+``--timeout``. Reported: how many were accepted; how many completed in time (200 within the
+timeout) and when; how many were refused at once (503 or 429), whether all of those carried
+``Retry-After`` and how fast the slowest came; how many were late (accepted then 504, a 200 after
+the timeout, or any other 5xx); and the pages completed in time in the window (from the burst to
+the last answer) against what the engine alone does in as long (one client posting the same
+document back to back for min(timeout, 30) s).
 
-``mixed``: ``--clients`` clients post ``--pages``-page PDFs in a loop (a refused one waits its
-``Retry-After``, as a well-behaved client does) while one more client posts a single small page
-every ``--interval`` seconds; reported: the small page's median and p95 against its idle p95
-(measured first), and accepted-then-504 as a share of accepted requests.
+``matrix``: ``documents`` for each mix of ``--mixes``, on a quiet machine and with ``--hog-cores``
+busy, cold and warm, each case on a fresh gateway; a line as each case ends, then a markdown table.
+
+``mixed``: ``--clients`` clients post the document in a loop (a refused one waits its
+``Retry-After``, as a well-behaved client does; ``--priority bulk`` marks them bulk) while one more
+client posts a single small page every ``--interval`` seconds; reported: the small page's median
+and p95 against its idle p95 (measured first), and late answers (504, or any 5xx but 503) of the
+flood and of the small page.
+
+The document: ``--mix`` (``ocrserve/bench/page_mixes.py``: phototest, dense, receipts, cjk,
+scans, rotated, mixed), ``--pages`` pages of corpus pages from one side of ``--split`` and synthetic
+pages from ``--seed``; tune on ``--split dev --seed 0`` (as the admission was), report on the
+defaults (held-out, seed 1). ``--file`` posts a file as it is instead. ``--hog N`` keeps N cores
+busy for the whole run: from before the gateway starts with ``--start cold`` (the burst is then
+the first thing it sees, and the engine alone is measured after it), else from once it is ready
+(the engine alone is measured first, which warms it, on the same busy machine). ``--json FILE``
+appends one JSON object per case.
 
 Each client names itself with ``X-Client-Id`` (the gateway is started with ``router.fair_by:
 header``: on one machine they all share an address). Prints the figures; no targets are asserted.
@@ -18,59 +34,92 @@ header``: on one machine they all share an address). Prints the figures; no targ
 Usage::
 
     python scripts/many_clients.py documents --clients 30 --pages 10 --timeout 300
+    python scripts/many_clients.py documents --mix dense --clients 20 --pages 10 --timeout 60 --start cold --hog 1
+    python scripts/many_clients.py documents --file ../shared/corpus/ocrmypdf/cardinal.pdf --clients 20 --timeout 60
+    python scripts/many_clients.py matrix --clients 20 --pages 10 --timeout 60 --json matrix.jsonl
+    python scripts/many_clients.py matrix --mixes receipts,cjk --hog-cores 2 --split dev --seed 0
     python scripts/many_clients.py mixed --clients 12 --pages 4 --seconds 120
+    python scripts/many_clients.py mixed --mix scans --priority bulk --hog 1 --seconds 90
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import contextlib
+import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-from PIL import Image
 
+from ocrserve.api.params import MAX_TIMEOUT_S
 from ocrserve.bench.harness import LocalGateway
+from ocrserve.bench.hog import CpuHog
+from ocrserve.bench.page_mixes import MIXES, PHOTOTEST, SPLITS, CorpusMissing, PageMix, build_mix, from_file
+from ocrserve.errors import ProblemError
+from ocrserve.evaluation import locate_corpus
 
-SAMPLE = Path(__file__).resolve().parent.parent / "tests" / "data" / "phototest.tif"
+#: Statuses of a refusal at the door.
+REFUSED = (429, 503)
+#: Longest the engine-alone rate is measured, seconds (shorter where the timeout is).
+ALONE_S = 30.0
+#: The mixes of a matrix by default.
+MATRIX_MIXES = "dense,receipts,cjk,scans,rotated"
 
 
-def pdf(pages: int) -> bytes:
-    """``pages`` copies of phototest as one PDF."""
-    page = Image.open(SAMPLE).convert("RGB")
-    out = io.BytesIO()
-    page.save(out, "PDF", save_all=True, append_images=[page] * (pages - 1), resolution=100)
-    return out.getvalue()
+@dataclass(frozen=True)
+class Outcome:
+    """One request's answer: its HTTP status (0: no answer at all), seconds, ``Retry-After``."""
+
+    status: int
+    seconds: float
+    retry_after: str | None = None
 
 
-def post(url: str, data: bytes, name: str, client: str, timeout: float | None = None) -> tuple[int, float, dict]:
-    """POST one document; ``(status, seconds, headers)``."""
-    form = {"timeout": str(timeout)} if timeout else {}
+def post(url: str, mix: PageMix, client: str, timeout: float | None = None, priority: str | None = None) -> Outcome:
+    """POST the mix's document to ``/v1/ocr`` as ``client`` and wait for the answer."""
+    form = {key: str(value) for key, value in (("timeout", timeout), ("priority", priority)) if value}
     started = time.monotonic()
-    response = httpx.post(
-        url + "/v1/ocr", files={"file": (name, data)}, data=form, headers={"X-Client-Id": client}, timeout=None
-    )
-    return response.status_code, time.monotonic() - started, dict(response.headers)
+    try:
+        response = httpx.post(
+            url + "/v1/ocr",
+            files={"file": (mix.filename, mix.document)},
+            data=form,
+            headers={"X-Client-Id": client},
+            timeout=None,
+        )
+    except httpx.TransportError:
+        return Outcome(0, time.monotonic() - started)
+    return Outcome(response.status_code, time.monotonic() - started, response.headers.get("retry-after"))
 
 
-def alone_rate(url: str, document: bytes, pages: int, seconds: float) -> float:
-    """Pages per second one client gets posting the document again and again for ``seconds``."""
-    done, started = 0, time.monotonic()
-    while time.monotonic() - started < seconds:
-        status, _, _ = post(url, document, "alone.pdf", "alone")
-        done += pages if status == 200 else 0
-    return done / (time.monotonic() - started)
+def alone_rate(url: str, mix: PageMix, seconds: float) -> tuple[float, dict[int, int]]:
+    """Pages per second one client gets posting the document back to back for ``seconds`` (at
+    least once), each with the longest timeout a request may ask for (the lane's default would cut
+    a slow document short), and how many answers of each status it got."""
+    done, statuses, started = 0, Counter(), time.monotonic()
+    while True:
+        status = post(url, mix, "alone", timeout=MAX_TIMEOUT_S).status
+        statuses[status] += 1
+        done += len(mix.pages) if status == 200 else 0
+        if time.monotonic() - started >= seconds:
+            return done / (time.monotonic() - started), dict(statuses)
 
 
-def documents(url: str, clients: int, pages: int, timeout: float) -> None:
-    document = pdf(pages)
-    rate = alone_rate(url, document, pages, min(timeout, 30))
-    results: list[tuple[int, float, dict]] = []
+def burst(url: str, mix: PageMix, clients: int, timeout: float) -> tuple[list[Outcome], float]:
+    """``clients`` clients post the document at once; their outcomes and the seconds until the last
+    answer."""
+    outcomes: list[Outcome] = []
     threads = [
-        threading.Thread(target=lambda i=i: results.append(post(url, document, f"d{i}.pdf", f"c{i}", timeout)))
+        threading.Thread(target=lambda i=i: outcomes.append(post(url, mix, f"c{i}", timeout)), daemon=True)
         for i in range(clients)
     ]
     started = time.monotonic()
@@ -78,93 +127,331 @@ def documents(url: str, clients: int, pages: int, timeout: float) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    window = time.monotonic() - started
-    done = sorted(s for status, s, _ in results if status == 200)
-    refused = [(s, h.get("retry-after")) for status, s, h in results if status == 503]
-    late = sum(status == 504 for status, _, _ in results)
-    print(f"{clients} clients x {pages}-page PDF, timeout {timeout:g} s; the engine alone: {rate:.2f} pages/s")
-    print(f"  accepted {len(done) + late}: completed {len(done)}, accepted then 504: {late}")
-    print("  completed at (s): " + ", ".join(f"{s:.1f}" for s in done))
-    if refused:
-        slowest = max(s for s, _ in refused)
-        print(
-            f"  refused at once (503): {len(refused)}, within {slowest:.2f} s, all with Retry-After: "
-            f"{all(r for _, r in refused)}"
-        )
-    pages_done = len(done) * pages
+    return outcomes, time.monotonic() - started
+
+
+def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float, rate: float) -> dict:
+    """The figures of a burst (see the module's docstring); ``rate`` is the engine alone's pages/s.
+    ``accepted`` counts answers neither refused (503, 429) nor another 4xx, nor missing."""
+    in_time = sorted(o.seconds for o in outcomes if o.status == 200 and o.seconds <= timeout)
+    refused = [o for o in outcomes if o.status in REFUSED]
+    late = {
+        "late_504": sum(o.status == 504 for o in outcomes),
+        "late_after_timeout": sum(o.status == 200 and o.seconds > timeout for o in outcomes),
+        "late_5xx": sum(o.status >= 500 and o.status not in (503, 504) for o in outcomes),
+    }
+    alone = rate * window
+    return {
+        "requests": len(outcomes),
+        "accepted": len(in_time) + sum(late.values()),
+        "completed_in_time": len(in_time),
+        "completed_at_s": [round(s, 2) for s in in_time],
+        "refused": len(refused),
+        "refused_with_retry_after": sum(bool(o.retry_after) for o in refused),
+        "refused_all_retry_after": all(o.retry_after for o in refused) if refused else None,
+        "refused_slowest_s": round(max(o.seconds for o in refused), 3) if refused else None,
+        "late": sum(late.values()),
+        **late,
+        "other_4xx": sum(400 <= o.status < 500 and o.status not in REFUSED for o in outcomes),
+        "no_answer": sum(o.status == 0 for o in outcomes),
+        "window_s": round(window, 2),
+        "engine_alone_pages_per_s": round(rate, 3),
+        "pages_done": len(in_time) * pages,
+        "engine_alone_pages": round(alone, 1),
+        "pages_done_pct": round(100 * len(in_time) * pages / alone, 1) if alone else None,
+    }
+
+
+@contextlib.contextmanager
+def gateway_at(url: str | None, log: str | None = None) -> Iterator[str]:
+    """``url``, or a fresh local gateway's for as long as the block runs (its output appended to
+    ``log``, else discarded)."""
+    if url:
+        yield url
+        return
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(log, "ab")) if log else subprocess.DEVNULL
+        gateway = LocalGateway("router.fair_by=header", profile="local", log=out)
+        try:
+            yield gateway.wait_ready().url
+        finally:
+            gateway.stop()
+
+
+def documents_case(
+    mix: PageMix, *, clients: int, timeout: float, start: str, hog: int, url: str | None = None, log: str | None = None
+) -> dict:
+    """One ``documents`` case (the hog and a fresh gateway started, stopped however it ends)."""
+    with contextlib.ExitStack() as stack:
+        if start == "cold":
+            stack.enter_context(CpuHog(hog))
+        url = stack.enter_context(gateway_at(url, log))
+        if start == "warm":
+            stack.enter_context(CpuHog(hog))
+            rate, alone = alone_rate(url, mix, min(timeout, ALONE_S))
+        outcomes, window = burst(url, mix, clients, timeout)
+        if start == "cold":
+            rate, alone = alone_rate(url, mix, min(timeout, ALONE_S))
+    figures = tally(outcomes, timeout=timeout, pages=len(mix.pages), window=window, rate=rate)
+    figures["engine_alone_statuses"] = alone
+    return {
+        "scenario": "documents",
+        "mix": mix.name,
+        "start": start,
+        "hog": hog,
+        "clients": clients,
+        "pages": len(mix.pages),
+        "timeout": timeout,
+        **figures,
+    }
+
+
+def machine(hog: int) -> str:
+    return f"hog {hog}" if hog else "quiet"
+
+
+def refused_cell(case: dict) -> str:
+    """``13 (all)``, ``13 (11 with)`` or ``0``: refusals and how many carried ``Retry-After``."""
+    if not case["refused"]:
+        return "0"
+    carried = "all" if case["refused_all_retry_after"] else f"{case['refused_with_retry_after']} with"
+    return f"{case['refused']} ({carried})"
+
+
+def pages_cell(case: dict) -> str:
+    pct = "-" if case["pages_done_pct"] is None else f"{case['pages_done_pct']:.0f}%"
+    return f"{case['pages_done']} / {case['engine_alone_pages']:.0f} ({pct})"
+
+
+def alone_cell(case: dict) -> str:
+    """``2 documents, all 200`` or ``1 document, 504: 1``: the engine-alone measurement's answers."""
+    statuses = case["engine_alone_statuses"]
+    count = sum(statuses.values())
+    answers = "all 200" if set(statuses) == {200} else ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+    return f"{count} document{'s' * (count != 1)}, {answers}"
+
+
+def print_documents(case: dict, mix: PageMix) -> None:
     print(
-        f"  pages completed in the {window:.0f} s window: {pages_done}, the engine alone would do "
-        f"{rate * window:.0f} ({pages_done / max(rate * window, 1e-9):.0%})"
+        f"{case['clients']} clients x {case['pages']}-page document, timeout {case['timeout']:g} s, start "
+        f"{case['start']}, machine {machine(case['hog'])}; the engine alone: {case['engine_alone_pages_per_s']:.2f} "
+        f"pages/s (measured {'after' if case['start'] == 'cold' else 'before'} the burst: {alone_cell(case)})"
     )
+    print(f"  pages: {mix.summary()}")
+    print(
+        f"  accepted {case['accepted']}: completed in time {case['completed_in_time']}, late {case['late']} "
+        f"(504: {case['late_504']}, 200 after the timeout: {case['late_after_timeout']}, other 5xx: "
+        f"{case['late_5xx']})"
+    )
+    print("  completed in time at (s): " + ", ".join(f"{s:.1f}" for s in case["completed_at_s"]))
+    if case["refused"]:
+        print(
+            f"  refused at once (503/429): {case['refused']}, the slowest in {case['refused_slowest_s']:.2f} s, "
+            f"all with Retry-After: {case['refused_all_retry_after']}"
+        )
+    if case["other_4xx"] or case["no_answer"]:
+        print(f"  other 4xx: {case['other_4xx']}, no answer: {case['no_answer']}")
+    print(
+        f"  pages completed in time in the {case['window_s']:.0f} s window: {case['pages_done']}, the engine "
+        f"alone would do {case['engine_alone_pages']:.0f} ({pages_cell(case).split('(')[-1][:-1]})"
+    )
+
+
+def record(path: str | None, case: dict, mix: PageMix, args: argparse.Namespace) -> None:
+    """Append the case, its page mix and the arguments to ``path`` as one JSON line."""
+    if path:
+        entry = {**case, "page_mix": mix.as_dict(), "args": vars(args), "at": datetime.now(timezone.utc).isoformat()}
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry, default=str) + "\n")
+
+
+def matrix(args: argparse.Namespace, mixes: list[PageMix]) -> None:
+    """Every mix x (quiet, ``--hog-cores`` busy) x (cold, warm), each on a fresh gateway."""
+    cases = [
+        (mix, hog, start) for mix in mixes for hog in dict.fromkeys((0, args.hog_cores)) for start in ("cold", "warm")
+    ]
+    for mix in mixes:
+        print(f"  {mix.summary()}")
+    rows, began = [], time.monotonic()
+    for i, (mix, hog, start) in enumerate(cases, 1):
+        case = documents_case(mix, clients=args.clients, timeout=args.timeout, start=start, hog=hog, log=args.log)
+        record(args.json, case, mix, args)
+        rows.append(case)
+        print(
+            f"[{i}/{len(cases)} at {time.monotonic() - began:.0f} s] {mix.name} | {machine(hog)} | {start}: "
+            f"accepted {case['accepted']}, in time {case['completed_in_time']}, refused {refused_cell(case)}, "
+            f"late {case['late']}, pages {pages_cell(case)}; engine alone: {alone_cell(case)}",
+            flush=True,
+        )
+    print()
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """The matrix as a markdown table, one row per case."""
+    lines = [
+        "| mix | machine | start | accepted | completed in time | refused (Retry-After) | late | "
+        "pages done / engine alone (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mix']} | {machine(r['hog'])} | {r['start']} | {r['accepted']} | {r['completed_in_time']} | "
+            f"{refused_cell(r)} | {r['late']} | {pages_cell(r)} |"
+        )
+    return "\n".join(lines)
 
 
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
 
-def mixed(url: str, clients: int, pages: int, seconds: float, interval: float) -> None:
-    small = SAMPLE.read_bytes()
-    post(url, small, "s.tif", "small")  # warm-up: the first request after start pays one-time costs
-    idle = [post(url, small, "s.tif", "small")[1] for _ in range(20)]
-    document, stop = pdf(pages), threading.Event()
-    outcomes: list[int] = []
+def late(outcomes: list[Outcome]) -> int:
+    """Accepted and then failed: 504, or any 5xx but a 503 refusal."""
+    return sum(o.status >= 500 and o.status != 503 for o in outcomes)
 
-    def flood(client: str) -> None:
+
+def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
+    """The small page's latency under a flood of ``mix`` documents (see the module's docstring)."""
+    small = PageMix("phototest", "", None, (), PHOTOTEST.read_bytes(), "s.tif")
+    post(url, small, "small")  # warm-up: the first request after start pays one-time costs
+    idle = [o.seconds for o in (post(url, small, "small") for _ in range(20)) if o.status == 200]
+    stop, flood, loaded = threading.Event(), [], []
+
+    def client(name: str) -> None:
         while not stop.is_set():
-            status, _, headers = post(url, document, "f.pdf", client)
-            outcomes.append(status)
-            if status in (429, 503):  # a well-behaved client waits as long as the gateway asks
-                stop.wait(float(headers.get("retry-after", 1)))
+            outcome = post(url, mix, name, priority=args.priority)
+            flood.append(outcome)
+            if outcome.status in REFUSED:  # a well-behaved client waits as long as the gateway asks
+                stop.wait(float(outcome.retry_after or 1))
 
-    threads = [threading.Thread(target=flood, args=(f"c{i}",)) for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(f"c{i}",), daemon=True) for i in range(args.clients)]
     for thread in threads:
         thread.start()
-    loaded, started = [], time.monotonic()
-    refused = 0
-    while time.monotonic() - started < seconds:
-        status, s, _ = post(url, small, "s.tif", "small")
-        if status == 200:
-            loaded.append(s)
-        else:
-            refused += 1
-        time.sleep(max(0.0, interval - s))
+    started = time.monotonic()
+    while time.monotonic() - started < args.seconds:
+        loaded.append(post(url, small, "small"))
+        time.sleep(max(0.0, args.interval - loaded[-1].seconds))
     stop.set()
     for thread in threads:
         thread.join()
-    accepted = [o for o in outcomes if o != 503]
-    late = sum(o == 504 for o in accepted)
-    print(f"{clients} clients x {pages}-page PDFs in a loop for {seconds:g} s, a single page every {interval:g} s")
+    answered = [o.seconds for o in loaded if o.status == 200]
+    return {
+        "scenario": "mixed",
+        "mix": mix.name,
+        "hog": args.hog,
+        "clients": args.clients,
+        "pages": len(mix.pages),
+        "seconds": args.seconds,
+        "interval": args.interval,
+        "priority": args.priority,
+        "small_idle_p95_s": round(p95(idle), 3) if idle else None,
+        "small_median_s": round(statistics.median(answered), 3) if answered else None,
+        "small_p95_s": round(p95(answered), 3) if answered else None,
+        "small_requests": len(loaded),
+        "small_answered": len(answered),
+        "small_refused": sum(o.status in REFUSED for o in loaded),
+        "small_late": late(loaded),
+        "flood_requests": len(flood),
+        "flood_refused": sum(o.status in REFUSED for o in flood),
+        "flood_accepted": sum(o.status not in REFUSED for o in flood),
+        "flood_late": late(flood),
+        "flood_late_504": sum(o.status == 504 for o in flood),
+    }
+
+
+def print_mixed(case: dict, mix: PageMix) -> None:
+    bulk = f" with priority={case['priority']}" if case["priority"] else ""
     print(
-        f"  small page idle p95 {p95(idle):.2f} s; under load median {statistics.median(loaded):.2f} s, "
-        f"p95 {p95(loaded):.2f} s ({p95(loaded) / p95(idle):.2f}x idle), {len(loaded)} pages, "
-        f"{refused} not answered 200"
+        f"{case['clients']} clients x {case['pages']}-page document in a loop{bulk} for {case['seconds']:g} s, a "
+        f"single page every {case['interval']:g} s; machine {machine(case['hog'])}"
     )
+    print(f"  pages: {mix.summary()}")
+    idle, loaded = case["small_idle_p95_s"], case["small_p95_s"]
+    under = "none answered 200" if loaded is None else f"median {case['small_median_s']:.2f} s, p95 {loaded:.2f} s"
+    if idle and loaded is not None:
+        under += f" ({loaded / idle:.2f}x idle: {loaded:.2f} s vs {idle:.2f} s)"
     print(
-        f"  flood requests: {len(outcomes)}, refused at once {len(outcomes) - len(accepted)}, accepted "
-        f"{len(accepted)}, of which 504: {late} ({late / max(len(accepted), 1):.1%})"
+        f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}; under load {under}; "
+        f"{case['small_requests']} sent, {case['small_answered']} answered 200, {case['small_refused']} refused, "
+        f"late {case['small_late']}"
+    )
+    accepted = max(case["flood_accepted"], 1)
+    print(
+        f"  flood requests: {case['flood_requests']}, refused at once {case['flood_refused']}, accepted "
+        f"{case['flood_accepted']}, late {case['flood_late']} ({case['flood_late'] / accepted:.1%} of accepted; "
+        f"504: {case['flood_late_504']})"
     )
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", choices=["documents", "mixed"])
+    parser.add_argument("scenario", choices=["documents", "matrix", "mixed"])
     parser.add_argument("--clients", type=int, default=30)
-    parser.add_argument("--pages", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=300.0, help="documents: each request's timeout, s")
+    parser.add_argument("--pages", type=int, default=10, help="pages of a mix's document")
+    parser.add_argument("--timeout", type=float, default=300.0, help="documents, matrix: each request's timeout, s")
     parser.add_argument("--seconds", type=float, default=120.0, help="mixed: how long the flood lasts, s")
     parser.add_argument("--interval", type=float, default=1.0, help="mixed: seconds between small pages")
+    parser.add_argument(
+        "--mix", choices=MIXES, default="phototest", help="the pages of the document (default: %(default)s)"
+    )
+    parser.add_argument("--mixes", default=MATRIX_MIXES, help="matrix: comma-separated mixes (default: %(default)s)")
+    parser.add_argument(
+        "--split", choices=SPLITS, default="held-out", help="corpus side of the pages (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the draws and synthetic pages (default 1; tuning used 0, on dev)"
+    )
+    parser.add_argument("--file", type=Path, help="post this file as it is instead of a mix")
+    parser.add_argument("--hog", type=int, default=0, help="documents, mixed: cores kept busy for the whole run")
+    parser.add_argument("--hog-cores", type=int, default=1, help="matrix: cores the busy machine's hog takes")
+    parser.add_argument("--start", choices=["cold", "warm"], default="warm", help="documents: see above (default warm)")
+    parser.add_argument("--priority", choices=["bulk", "interactive"], help="mixed: the flood's priority form field")
+    parser.add_argument("--json", help="append one JSON object per case to this file")
+    parser.add_argument("--log", help="append the output of the gateways started here to this file")
     parser.add_argument("--url", help="a running gateway (started with router.fair_by: header) instead of one here")
-    args = parser.parse_args()
-    gateway = None if args.url else LocalGateway("router.fair_by=header", profile="local").wait_ready()
-    url = args.url or gateway.url
+    args = parser.parse_args(argv)
+    if args.url and (args.scenario == "matrix" or args.start == "cold"):
+        parser.error("matrix and --start cold start their own gateways: leave out --url")
+    if args.hog < 0 or args.hog_cores < 0 or args.clients < 1 or args.pages < 1:
+        parser.error("--hog and --hog-cores are 0 or more, --clients and --pages 1 or more")
+    unknown = set(args.mixes.split(",")) - set(MIXES)
+    if args.scenario == "matrix" and unknown:
+        parser.error(f"--mixes: unknown {', '.join(sorted(unknown))}; known: {', '.join(MIXES)}")
+    return args
+
+
+def load(args: argparse.Namespace, names: list[str]) -> list[PageMix]:
+    """The documents to post: ``--file``, else each mix of ``names``.
+
+    Exits with one line where the corpus a mix needs is absent or the file cannot be read."""
     try:
-        if args.scenario == "documents":
-            documents(url, args.clients, args.pages, args.timeout)
-        else:
-            mixed(url, args.clients, args.pages, args.seconds, args.interval)
-    finally:
-        if gateway:
-            gateway.stop()
+        if args.file:
+            return [from_file(args.file)]
+        corpus = locate_corpus()
+        return [build_mix(name, args.pages, split=args.split, seed=args.seed, corpus=corpus) for name in names]
+    except CorpusMissing as missing:
+        sys.exit(str(missing))
+    except (OSError, ValueError, ProblemError) as error:
+        sys.exit(f"{args.file or ', '.join(names)}: {error}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.scenario == "matrix":
+        matrix(args, load(args, args.mixes.split(",")))
+        return
+    (mix,) = load(args, [args.mix])
+    if args.scenario == "documents":
+        case = documents_case(
+            mix, clients=args.clients, timeout=args.timeout, start=args.start, hog=args.hog, url=args.url, log=args.log
+        )
+        print_documents(case, mix)
+    else:
+        with gateway_at(args.url, args.log) as url, CpuHog(args.hog):
+            case = mixed(url, mix, args)
+        print_mixed(case, mix)
+    record(args.json, case, mix, args)
 
 
 if __name__ == "__main__":

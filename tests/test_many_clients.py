@@ -1,0 +1,66 @@
+"""``scripts/many_clients.py`` without a gateway: how a burst's answers are counted, the matrix's
+table, the CPU hog it starts and stops, and its one-line exit where the corpus is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from ocrserve.bench.hog import CpuHog
+from tests.scripts import load_script
+
+many_clients = load_script("many_clients")
+Outcome = many_clients.Outcome
+
+
+def test_a_burst_is_counted_by_what_each_client_got():
+    outcomes = [
+        Outcome(200, 10.0),
+        Outcome(200, 61.0),  # answered, but after the 60-s timeout: late
+        Outcome(504, 60.0),
+        Outcome(500, 3.0),
+        Outcome(503, 0.2, "7"),
+        Outcome(429, 0.4, None),
+        Outcome(413, 0.1),
+        Outcome(0, 1.0),
+    ]
+    figures = many_clients.tally(outcomes, timeout=60, pages=2, window=61.0, rate=0.5)
+    assert figures["accepted"] == 4
+    assert figures["completed_in_time"] == 1 and figures["completed_at_s"] == [10.0]
+    assert (figures["late"], figures["late_504"], figures["late_after_timeout"], figures["late_5xx"]) == (3, 1, 1, 1)
+    assert figures["refused"] == 2 and figures["refused_with_retry_after"] == 1
+    assert figures["refused_all_retry_after"] is False and figures["refused_slowest_s"] == 0.4
+    assert (figures["other_4xx"], figures["no_answer"]) == (1, 1)
+    assert figures["pages_done"] == 2 and figures["engine_alone_pages"] == 30.5
+    assert figures["pages_done_pct"] == pytest.approx(6.6)
+
+
+def test_the_matrix_table_has_a_row_per_case():
+    case = many_clients.tally([Outcome(200, 5.0), Outcome(503, 0.1, "3")], timeout=40, pages=2, window=5, rate=1)
+    row = {"mix": "receipts", "hog": 1, "start": "cold", **case}
+    lines = many_clients.table([row]).splitlines()
+    assert lines[0].startswith("| mix | machine | start | accepted |")
+    assert lines[2] == "| receipts | hog 1 | cold | 1 | 1 | 1 (all) | 0 | 2 / 5 (40%) |"
+
+
+def test_the_hog_stops_however_the_block_is_left():
+    hog = CpuHog(1)
+    with pytest.raises(KeyboardInterrupt), hog:
+        (process,) = hog.processes
+        assert process.is_alive()
+        raise KeyboardInterrupt
+    assert not process.is_alive() and not hog.processes
+
+
+def test_a_corpus_mix_without_the_corpus_exits_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCRSERVE_CORPUS", str(tmp_path))  # a folder without index.json: no corpus
+    with pytest.raises(SystemExit) as exited:
+        many_clients.main(["documents", "--mix", "dense"])
+    message = str(exited.value.code)
+    assert "OCRSERVE_CORPUS" in message and "\n" not in message
+
+
+def test_cold_and_matrix_start_their_own_gateways():
+    with pytest.raises(SystemExit):
+        many_clients.parse(["documents", "--start", "cold", "--url", "http://127.0.0.1:1"])
+    with pytest.raises(SystemExit):
+        many_clients.parse(["matrix", "--mixes", "dense,nonesuch"])

@@ -167,6 +167,10 @@ class PriorityQueue:
             return oldest
         return self._heap[0][2]
 
+    def first(self) -> Queued:
+        """The next page by ``(priority, seq)`` alone, aging aside (the queue must not be empty)."""
+        return self._heap[0][2]
+
     def take(self, ticket: Queued) -> Queued:
         """Remove and return ``ticket``, the page :meth:`peek` gave."""
         if ticket is self._heap[0][2]:
@@ -212,7 +216,7 @@ class LanesPolicy(QueuePolicy):
                 self._deficit[lane.name] = 0.0  # DRR: an idle lane keeps no credit
         # one instant for the whole choice: the page may_run approved is the page taken
         now = time.monotonic()
-        heads = {name: queue.peek(now) for name, queue in self._queues.items() if queue}
+        heads = {name: self._head(queue, now, may_run) for name, queue in self._queues.items() if queue}
         candidates = [lane for lane in self._lanes if lane.name in heads and may_run(heads[lane.name])]
         if not candidates:
             return None
@@ -226,6 +230,15 @@ class LanesPolicy(QueuePolicy):
         ticket = self._queues[lane.name].take(heads[lane.name])
         self._deficit[lane.name] -= ticket.cost
         return ticket
+
+    @staticmethod
+    def _head(queue: PriorityQueue, now: float, may_run: MayRun) -> Queued:
+        """The lane's next page: :meth:`PriorityQueue.peek`'s, unless that one (an aged page) may
+        not run now and the first by priority may (a single page, past it into a burst slot): an
+        aged page waiting for a slot does not hold back a page that could run. Measured before:
+        a single page beside a flood of 4-page documents waited 14-24 s behind their aged pages."""
+        head = queue.peek(now)
+        return head if may_run(head) else queue.first()
 
     def remove(self, ticket: Queued) -> bool:
         return self._queues[ticket.lane.name].remove(ticket)

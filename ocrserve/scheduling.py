@@ -12,12 +12,14 @@ them again:
   job's, :meth:`~ocrserve.work.Priority.of_job`), else the lane's, one step later for a fast
   document above ``fast.urgent_pages`` pages, so single pages go first (shortest first, until the
   lane's ``aging_s``). The lane's queue (:mod:`ocrserve.policies`) is the only reader of it;
-* **engine class**: :class:`~ocrserve.work.EngineClass` ``INTERACTIVE`` for the fast lane,
-  ``BACKGROUND`` for the bulk lane: what the engine's stages, threads and recognition batches go
-  by (with aging there, :mod:`ocrserve.engines.stage_scheduler`), and what vLLM gets as the request's
-  ``priority``;
+* **engine class**: :class:`~ocrserve.work.EngineClass` ``INTERACTIVE`` for the pages that may
+  burst (below), ``BACKGROUND`` for the rest (the bulk lane's, and a fast document's above
+  ``fast.urgent_pages`` pages): what the engine's stages, threads and recognition batches go by
+  (with aging there, :mod:`ocrserve.engines.stage_scheduler`), and what vLLM gets as the request's
+  ``priority``. A single page beside a flood of 4-page synchronous documents waited 18-19 s in
+  the router and 5-7 s in recognition while the documents' pages ran as interactive as it did;
 * **bursts**: whether it may use the fast lane's burst slots (a fast request of at most
-  ``fast.urgent_pages`` pages);
+  ``fast.urgent_pages`` pages), past the pages in the engine that may not;
 * **deadline**: the client's (``timeout``, a job's ``deadline``), else the lane's ``timeout_s``
   from now (none when 0), and whether it was the client's: a lane's default deadline that passes
   is the server's doing, so a job's page is retried (:attr:`Terms.deadline_is_clients`).
@@ -79,7 +81,7 @@ def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> T
     return Terms(
         lane=lane,
         order=Priority(order),
-        engine_class=class_of(lane),
+        engine_class=EngineClass.INTERACTIVE if lane == FAST and not document else EngineClass.BACKGROUND,
         bursts=lane == FAST and not document,
         deadline=deadline,
         deadline_is_clients=work.deadline is not None,
@@ -87,27 +89,23 @@ def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> T
     )
 
 
-def class_of(lane: str) -> EngineClass:
-    """The engine class of a lane's pages: interactive for ``fast``, background for ``bulk``."""
-    return EngineClass.INTERACTIVE if lane == FAST else EngineClass.BACKGROUND
-
-
 def inspection_class(work: WorkItem) -> EngineClass:
     """The class a request's document is inspected at, before its lane is chosen: its named
     lane's, else interactive (inspection is short, and decides the lane)."""
-    return class_of(work.lane or FAST)
+    return EngineClass.BACKGROUND if work.lane == BULK else EngineClass.INTERACTIVE
 
 
 def may_dispatch(
-    terms: Terms, in_flight: int, limit: int, burst_slots: int, saturated: bool, others_in_engine: int
+    terms: Terms, in_flight: int, limit: int, burst_slots: int, saturated: bool, unburstable_in_engine: int
 ) -> bool:
     """Whether a queued page may go to the engine now: ``in_flight`` pages are there of ``limit``
     (the router's slots). A page whose terms may burst may also take one of ``burst_slots`` beyond
     them, and even while the engine reports itself ``saturated`` (its own queue backed up: other
-    pages then wait in the router, where lanes order them), but only while other lanes hold
-    ``others_in_engine`` > 0 of the slots: the burst is for overtaking their pages, and a fast lane
-    that bursts into every slot that frees would leave none for the bulk lane's share."""
-    burst = burst_slots if terms.bursts and others_in_engine > 0 else 0
+    pages then wait in the router, where lanes order them), but only while pages that may not
+    burst (the bulk lane's, a fast document's) hold ``unburstable_in_engine`` > 0 of the slots:
+    the burst is for overtaking their pages, and single pages that burst into every slot that
+    frees would leave none for the others' share."""
+    burst = burst_slots if terms.bursts and unburstable_in_engine > 0 else 0
     if in_flight >= limit + burst:
         return False
     return burst > 0 or not saturated

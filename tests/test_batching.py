@@ -115,16 +115,17 @@ async def test_bulk_runs_pause_while_an_urgent_page_is_in_the_engine(crops):
     assert texts[0][0].startswith("This is a lot of 12 point text")
 
 
-async def test_an_aged_bulk_page_runs_beside_a_steady_interactive_page_and_shares_its_batch(crops):
+async def test_an_aged_bulk_page_runs_beside_a_steady_interactive_page_on_its_own_threads(crops):
     """With aging, a background page's run does not wait for interactive pages to leave the
-    engine: once it has been in the engine ``aging_s`` it runs as interactive, in the same group
-    as an interactive page's crops (pages of different requests share recognition batches)."""
+    engine: once it has been in the engine ``aging_s`` it runs beside them, but as background, on
+    the background threads and sessions, in a group of its own: the interactive page's run never
+    waits behind it."""
     engine, lines = crops
     gate = ClassGate(aging_s=0.2)
-    groups: list[int] = []
+    groups: list[tuple[int, str]] = []
 
     def recognize(batch, engine_class):
-        groups.append(engine_class)
+        groups.append((engine_class, threading.current_thread().name.rsplit("_", 1)[0]))
         return engine._recognize(batch, engine_class)
 
     batcher = RecBatcher(recognize, max_batch_size=64, max_wait_ms=0, rec_batch_num=64, gate=gate)
@@ -133,13 +134,13 @@ async def test_an_aged_bulk_page_runs_beside_a_steady_interactive_page_and_share
         # the interactive page stays in the engine throughout
         entered = gate.entered(EngineClass.INTERACTIVE), gate.entered(EngineClass.BACKGROUND)
         async with entered[0] as interactive, entered[1] as background:
-            assert gate.runs_as(background) is EngineClass.BACKGROUND and not gate.clear_for(background)
+            assert not gate.clear_for(background)
             await asyncio.sleep(0.25)
-            assert gate.runs_as(background) is EngineClass.INTERACTIVE and gate.clear_for(background)
+            assert gate.clear_for(background) and background.engine_class is EngineClass.BACKGROUND
             both = await asyncio.gather(batcher.submit(lines, background), batcher.submit(lines, interactive))
     finally:
         await batcher.close()
-    assert groups == [EngineClass.INTERACTIVE]  # one run, for both pages
+    assert sorted(groups) == [(EngineClass.INTERACTIVE, "ocrserve-rec"), (EngineClass.BACKGROUND, "ocrserve-bg-rec")]
     assert both[0] == both[1] and both[0][0][0].startswith("This is a lot of 12 point text")
 
 

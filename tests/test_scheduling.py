@@ -46,12 +46,13 @@ def test_lane_by_size_unless_named():
 def test_terms_resolved_once_from_the_request_and_the_config():
     single = resolve(WorkItem(), CFG, 1)
     assert (single.lane, single.order, single.engine_class, single.bursts) == (FAST, 0, EngineClass.INTERACTIVE, True)
-    # a fast document waits one step after single pages in the lane, runs interactive, never bursts
+    # a fast document waits one step after single pages in the lane, never bursts, and runs as
+    # background in the engine, so a single page overtakes its pages' stages there too
     document = resolve(WorkItem(), CFG, 3)
     assert (document.lane, document.order, document.engine_class, document.bursts) == (
         FAST,
         1,
-        EngineClass.INTERACTIVE,
+        EngineClass.BACKGROUND,
         False,
     )
     wider = RouterConfig.model_validate({"fast": {"urgent_pages": 4}})
@@ -77,19 +78,21 @@ def test_inspection_runs_as_the_named_lane_or_interactive():
     assert inspection_class(WorkItem(lane=BULK)) is EngineClass.BACKGROUND
 
 
-def test_burst_slots_only_for_pages_whose_terms_burst_past_another_lanes_pages():
+def test_burst_slots_only_for_pages_whose_terms_burst_past_pages_that_may_not():
     single, document = resolve(WorkItem(), CFG, 1), resolve(WorkItem(), CFG, 3)
     busy = {"limit": 4, "burst_slots": 1, "saturated": False}
-    assert may_dispatch(single, in_flight=3, others_in_engine=0, **busy)
-    assert may_dispatch(single, in_flight=4, others_in_engine=1, **busy)  # its burst slot, past a bulk page
-    assert not may_dispatch(single, in_flight=5, others_in_engine=1, **busy)
-    assert not may_dispatch(document, in_flight=4, others_in_engine=1, **busy)
-    # the fast lane alone fills the slots: no burst, so a slot that frees goes by the lanes' weights
-    assert not may_dispatch(single, in_flight=4, others_in_engine=0, **busy)
+    assert may_dispatch(single, in_flight=3, unburstable_in_engine=0, **busy)
+    assert may_dispatch(
+        single, in_flight=4, unburstable_in_engine=1, **busy
+    )  # its burst slot, past a bulk page or a document's
+    assert not may_dispatch(single, in_flight=5, unburstable_in_engine=1, **busy)
+    assert not may_dispatch(document, in_flight=4, unburstable_in_engine=1, **busy)
+    # single pages alone fill the slots: no burst, so a slot that frees goes by the lanes' weights
+    assert not may_dispatch(single, in_flight=4, unburstable_in_engine=0, **busy)
     # an engine backed up by others holds pages back in the router, except those that burst
-    assert not may_dispatch(document, in_flight=0, limit=4, burst_slots=1, saturated=True, others_in_engine=1)
-    assert may_dispatch(single, in_flight=1, limit=4, burst_slots=1, saturated=True, others_in_engine=1)
-    assert not may_dispatch(single, in_flight=1, limit=4, burst_slots=0, saturated=True, others_in_engine=1)
+    assert not may_dispatch(document, in_flight=0, limit=4, burst_slots=1, saturated=True, unburstable_in_engine=1)
+    assert may_dispatch(single, in_flight=1, limit=4, burst_slots=1, saturated=True, unburstable_in_engine=1)
+    assert not may_dispatch(single, in_flight=1, limit=4, burst_slots=0, saturated=True, unburstable_in_engine=1)
 
 
 def test_priority_queue_orders_by_priority_then_seq_and_ages():
@@ -131,6 +134,19 @@ def test_a_lane_whose_page_may_not_run_is_passed_over():
     policy.push(bulk_page := Queued(bulk))
     assert policy.pop(lambda t: t.lane is bulk) is bulk_page  # the fast head may not run now
     assert policy.remove(document) and not policy.remove(document) and len(policy) == 0
+
+
+def test_an_aged_page_that_may_not_run_does_not_hold_back_a_single_page_that_may():
+    """The aged document page goes next when a slot frees; until then a single page that may take
+    a burst slot goes past it, rather than waiting for the slot too."""
+    fast = PolicyLane(FAST, aging_s=10.0)
+    policy = LanesPolicy([fast])
+    policy.push(document := Queued(fast, priority=1, enqueued=-60.0))  # queued a minute ago: aged
+    policy.push(single := Queued(fast, priority=0))
+    burst_only = lambda t: t.priority == 0  # noqa: E731 - the engine's slots are full; a single page may burst
+    assert policy.pop(burst_only) is single
+    assert policy.pop(burst_only) is None
+    assert policy.pop(lambda t: True) is document
 
 
 def test_fifo_keeps_arrival_order_across_lanes_and_has_no_bursts():

@@ -37,6 +37,7 @@ from ocrserve.errors import BadRequest
 from ocrserve.jobs.runtime import Jobs
 from ocrserve.preprocess import DecodeFailure
 from ocrserve.router import DRAIN_WINDOW_S, Router
+from ocrserve.scheduling import FAST
 from ocrserve.service import staged
 from ocrserve.work import EngineClass
 
@@ -143,7 +144,7 @@ async def stats(request: Request) -> Stats:
             in_engine=lane.in_flight,
             pages_per_s=round(lane.drain_rate(now), 3),
             p95_s=None if p95 is None else round(p95, 3),
-            predicted_s=round(router.bound_s(lane, page), 3),
+            predicted_s=round(router.bound_s(lane, page, bursts=name == FAST and router.bursts), 3),
         )
     engine = EngineStats(
         model=state.engine.model,

@@ -302,7 +302,7 @@ class OnnxEngine(Engine):
     async def _run_stages(self, page: Page, gate_pass: GatePass) -> tuple[Detection, float, list[tuple[str, float]]]:
         loop = asyncio.get_running_loop()
         await self._gate.turn(gate_pass)
-        engine_class = self._gate.runs_as(gate_pass)
+        engine_class = gate_pass.engine_class
         urgent = is_urgent(engine_class)
         turn = self._det_turn if urgent else self._background_turn
         pool = self._det_pool if urgent else self._background_pool

@@ -2,10 +2,15 @@
 
 The router decides which pages enter the engine; these pieces decide, inside it, which page's
 stage runs next, by the page's :class:`~ocrserve.work.EngineClass` (the scheduling terms resolve
-it once, :mod:`ocrserve.scheduling`), so that an interactive page that enters beside bulk pages
-overtakes them at every step, and a background page that has been in the engine for
-``engine.onnx.aging_s`` runs as interactive from its next step on (*aging*: no class starves, and
-the bulk lane gets the engine share its weight promises):
+it once, :mod:`ocrserve.scheduling`), so that an interactive page that enters beside background
+pages overtakes them at every step. A background page that has been in the engine for
+``engine.onnx.aging_s`` no longer waits for interactive pages to leave (*aging*: no class
+starves), but it keeps its class's threads and sessions: one thread a stage at low OS priority,
+so an interactive page still gets the cores the moment it needs them. The threads and sessions
+of interactive pages are kept for them alone: a background page's long stage (a large page's
+detection, a dense page's recognition runs) never holds them. When aged pages ran as
+interactive, a single page beside a flood of 4-page documents of large turned pages waited for
+their detections and recognition runs: 2.7 and 6.2 s where it takes 0.8 s idle.
 
 - :class:`ClassGate`: a background page's next stage waits while an interactive page is in the
   engine, until it has aged.
@@ -88,10 +93,10 @@ class ClassGate:
     """Stage-level priority by engine class, with aging: pages register with their class while in
     the engine; before each stage a background page waits while an interactive page is in the
     engine, until it has been in the engine ``aging_s`` seconds (0: never ages). A stage already
-    running is never interrupted.
+    running is never interrupted; an aged page keeps its class (module docstring).
 
     Args:
-        aging_s: seconds after which a background page runs as interactive (``engine.onnx.aging_s``).
+        aging_s: seconds after which a background page stops waiting (``engine.onnx.aging_s``).
     """
 
     def __init__(self, aging_s: float = 0.0) -> None:
@@ -121,26 +126,20 @@ class ClassGate:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def runs_as(self, gate_pass: GatePass, now: float | None = None) -> EngineClass:
-        """The class the page's next stage runs as: its own, or interactive once it has aged."""
-        if gate_pass.engine_class is EngineClass.INTERACTIVE or self.ages_in(gate_pass, now) == 0.0:
-            return EngineClass.INTERACTIVE
-        return EngineClass.BACKGROUND
-
     def ages_in(self, gate_pass: GatePass, now: float | None = None) -> float | None:
         """Seconds until a background page ages (0 once it has), None when it never will."""
         if not self.aging_s:
             return None
         return max(0.0, gate_pass.entered + self.aging_s - (time.monotonic() if now is None else now))
 
-    def admits(self, engine_class: EngineClass) -> bool:
-        """True when a stage running as ``engine_class`` may start: it is interactive, or no
-        interactive page is in the engine."""
-        return engine_class is EngineClass.INTERACTIVE or not self._interactive
-
     def clear_for(self, gate_pass: GatePass, now: float | None = None) -> bool:
-        """True when the page's next stage may run (:meth:`admits` the class it runs as)."""
-        return self.admits(self.runs_as(gate_pass, now))
+        """True when the page's next stage may run: it is interactive, no interactive page is in
+        the engine, or it has aged."""
+        return (
+            gate_pass.engine_class is EngineClass.INTERACTIVE
+            or not self._interactive
+            or self.ages_in(gate_pass, now) == 0.0
+        )
 
     async def turn(self, gate_pass: GatePass) -> None:
         """Wait until :meth:`clear_for` the page (an interactive page left, or the page aged)."""
@@ -239,8 +238,9 @@ class RecBatcher:
     :meth:`submit` is called from the event loop; ``recognize(crops, engine_class)`` runs up to
     ``workers`` ONNX runs at once per class, on dedicated threads (background runs on threads of
     their own, at ``background_nice``). Crops that arrive while a group runs form the next group
-    (continuous batching). A page's class is the one it runs as when its crops are grouped or its
-    run starts (:meth:`ClassGate.runs_as`): an aged background page joins interactive groups.
+    (continuous batching). Groups are of one class; a background run starts once the gate is clear
+    for one of its pages (:meth:`ClassGate.clear_for`: no interactive page in the engine, or the
+    page has aged).
     """
 
     def __init__(
@@ -290,20 +290,14 @@ class RecBatcher:
     async def _loop(self) -> None:
         while True:
             now = time.monotonic()
-            waiting = min((self._gate.runs_as(item.gate_pass, now) for item in self._waiting), default=None)
-            run = min(self._runs, key=lambda r: (self._class_of(r, now), r.seq), default=None)
-            run_class = self._class_of(run, now) if run is not None else None
-            if waiting is not None and (run is None or waiting < run_class):
+            waiting = min((item.gate_pass.engine_class for item in self._waiting), default=None)
+            run = min(self._runs, key=lambda r: (r.group.engine_class, r.seq), default=None)
+            if waiting is not None and (run is None or waiting < run.group.engine_class):
                 await self._form_group(waiting, wait=not self._runs)
-            elif run is not None and self._may_start(run_class):
-                self._start(run, run_class)
+            elif run is not None and self._may_start(run, now):
+                self._start(run, run.group.engine_class)
             else:  # nothing to do, its thread is busy, or it yields to an interactive page in the engine
                 await self._arrived.sleep(self._next_aging(now))
-
-    def _class_of(self, run: _Run, now: float) -> EngineClass:
-        """The class ``run`` starts as: its group's, or interactive once one of its pages has aged."""
-        passes = (item.gate_pass for item in run.group.items)
-        return min((self._gate.runs_as(p, now) for p in passes), default=run.group.engine_class)
 
     def _next_aging(self, now: float) -> float | None:
         """Seconds until the next background page waiting here ages (None: none will)."""
@@ -312,10 +306,12 @@ class RecBatcher:
         times = [t for p in passes if (t := self._gate.ages_in(p, now))]
         return min(times, default=None)
 
-    def _may_start(self, engine_class: EngineClass) -> bool:
-        """Whether a run of ``engine_class`` may start now: one of its class's threads is free and
-        the gate admits it."""
-        return self._busy[engine_class] < self.workers and self._gate.admits(engine_class)
+    def _may_start(self, run: _Run, now: float) -> bool:
+        """Whether ``run`` may start now: one of its class's threads is free and the gate is clear
+        for one of its pages."""
+        engine_class = run.group.engine_class
+        clear = any(self._gate.clear_for(item.gate_pass, now) for item in run.group.items)
+        return self._busy[engine_class] < self.workers and clear
 
     async def _form_group(self, engine_class: EngineClass, wait: bool) -> None:
         """Gather the waiting items that run as ``engine_class`` into a group and queue its runs.
@@ -326,7 +322,7 @@ class RecBatcher:
             for item in list(self._waiting):
                 if self._crops(items) >= self.max_batch_size:
                     break
-                if self._gate.runs_as(item.gate_pass) is engine_class:
+                if item.gate_pass.engine_class is engine_class:
                     self._waiting.remove(item)
                     items.append(item)
             remaining = deadline - time.monotonic()

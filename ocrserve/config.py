@@ -456,10 +456,10 @@ class FastLaneConfig(LaneConfig):
         "the request takes on an idle engine",
     )
     latency_target_multiple: float = Field(
-        0.0,
+        5.0,
         ge=0,
-        description="The latency target as a multiple of an idle request's time (with latency_target_s 0), "
-        "e.g. 5; 0 = no latency target",
+        description="The latency target as a multiple of an idle request's time (with latency_target_s 0); "
+        "0 = no latency target",
     )
     urgent_pages: int = Field(
         1,

@@ -72,11 +72,13 @@ class Replica:
         stop_group(self.proc)
 
 
-#: What every test gateway runs with: one decoding process (CI has 2 cores), and no calibration at
-#: start (its two synthetic pages took 4 of a gateway's 9 s to /readyz on 2 cores, times some 30
-#: gateways a run); admission then starts from ``router.initial_page_s`` and learns from the test's
-#: pages. A test of calibration sets ``router.calibrate=true``, which comes later and wins.
-TEST_OVERRIDES = ("preprocess.workers=1", "router.calibrate=false")
+#: What every test gateway runs with: one decoding process (CI has 2 cores), no calibration at
+#: start (its synthetic pages took 4 of a gateway's 9 s to /readyz on 2 cores, times some 30
+#: gateways a run; admission then starts from ``router.initial_page_s`` and learns from the test's
+#: pages), and no fast-lane latency target (without calibration its idle page time is a guess, and
+#: tests send bursts of pages without ``timeout`` to see them all answered). A test of either sets
+#: it, which comes later and wins.
+TEST_OVERRIDES = ("preprocess.workers=1", "router.calibrate=false", "router.fast.latency_target_multiple=0")
 
 
 class Gateway(LocalGateway):

@@ -461,11 +461,13 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
         assert reservation.pending == 1
     # with latency_target_multiple the target is that many times the request's time on an idle
-    # engine (the calibration pages' fit; here none: the finished pages'); by default there is none
+    # engine (the calibration pages' fit; here none: the finished pages')
     settings = {"initial_page_s": 2.0, "fast": {"latency_target_multiple": 5}}
     multiple = Router(engine, RouterConfig.model_validate(settings))
     assert multiple.has_latency_target and multiple.latency_target_s(page) == pytest.approx(5 * 2.0)
-    assert not Router(engine, RouterConfig()).has_latency_target
+    assert Router(engine, RouterConfig()).has_latency_target  # 5 x by default
+    off = RouterConfig.model_validate({"fast": {"latency_target_multiple": 0}})
+    assert not Router(engine, off).has_latency_target
 
 
 async def test_a_fast_document_finishes_beside_a_steady_stream_of_single_pages(make_router):

@@ -261,7 +261,7 @@ def test_stats_report_lanes_engine_and_jobs(http):
     assert engine["ready"] and engine["slots"] >= 1 and 0 <= engine["in_use"] <= engine["limit"]
     assert {"queued", "running", "backlog_pages"} == set(stats["jobs"])
     assert stats["fast_max_pages"] == 4 and stats["cost_unit"] in ("pages", "visual_tokens")
-    # what admission reckons now: a one-page request's seconds (no latency target by default)
+    # what admission reckons now: a one-page request's seconds (test gateways have no latency target)
     assert fast["predicted_s"] > 0 and stats["fast_latency_target_s"] is None and stats["upper_factor"] >= 1
     schema = http.get("/openapi.json").json()
     assert "Stats" in schema["components"]["schemas"]

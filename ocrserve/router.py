@@ -45,7 +45,7 @@ from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
-from ocrserve.servicetime import NO_WORK, ServiceTime, Work
+from ocrserve.servicetime import NO_WORK, ServiceTime, ShareClock, Work
 from ocrserve.work import Deadline, EngineClass
 
 #: Seconds of completions the drain rate is measured over.
@@ -59,10 +59,11 @@ SERVICE_EWMA = 0.2
 #: this share of them at least: one running past its prediction is not done yet.
 IN_ENGINE_FLOOR = 0.25
 #: Marks (:mod:`ocrserve.preprocess.marks`) a normalized megapixel is expected to hold before any
-#: page has been decoded: about the densest pages of the corpus's development half (``linn.png``
-#: 981, ``c02-22.pdf`` 900, ``phototest.tif`` 778; the full letter calibration page 689, local
+#: page has been decoded: about the densest letter-size pages of the development mixes
+#: (``scripts/many_clients.py --split dev --seed 0``: a synthetic page of 8-pt text 1,973; corpus
+#: pages ``linn.png`` 981, ``phototest.tif`` 778; the full letter calibration page 689, local
 #: profile), so that a first burst is priced as if its pages were full of text.
-PRIOR_MARKS_PER_MPX = 1000.0
+PRIOR_MARKS_PER_MPX = 2000.0
 
 
 @dataclass(eq=False)
@@ -72,7 +73,9 @@ class Ticket:
     Attributes:
         cost: scheduling cost: 1 (pages) or the page's visual tokens.
         work: what it asks of the engine (:meth:`Router.page_work`), which admission prices.
-        predicted_s: its seconds in the engine as predicted when it was dispatched.
+        predicted_s: its share of the engine's seconds (:class:`~ocrserve.servicetime.ShareClock`)
+            as predicted when it was dispatched.
+        entered: the share clock's reading when it was dispatched.
         terms: its request's scheduling terms.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
             order between equal priorities (:class:`~ocrserve.policies.FairTags`; the last breaks ties between tries
@@ -93,6 +96,7 @@ class Ticket:
     task: asyncio.Task | None = None
     started: float = 0.0
     predicted_s: float = 0.0
+    entered: float = 0.0
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     @property
@@ -245,7 +249,8 @@ class Router:
         self._alarm = Alarm()
         self._task: asyncio.Task | None = None
         self._running: dict[asyncio.Task, Ticket] = {}
-        self.service = ServiceTime(cfg.initial_page_s)  # a page's seconds in the engine by its work
+        self.clock = ShareClock()  # the engine's seconds as the pages in it share them
+        self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.mean_work = Work(pages=1)  # moving average of a dispatched page's work
@@ -403,7 +408,8 @@ class Router:
         priority or more urgent, :meth:`Lane.work_ahead`; for bulk the fast lane's too), what is
         left of the pages in the engine (:meth:`in_engine_s`) and its own, priced by the
         service-time model (:class:`~ocrserve.servicetime.ServiceTime`: a dense page takes longer
-        than a receipt, a narrow strip longer than its pixels say), over the pages the engine runs
+        than a receipt, a narrow strip longer than its pixels say) in shares of the engine's seconds
+        (:class:`~ocrserve.servicetime.ShareClock`), which add up however many pages the engine runs
         at once. Decoding is left out: it overlaps the engine's work on earlier pages. Work other
         clients queued inside the engine (vLLM's waiting requests,
         :meth:`~ocrserve.engines.base.Engine.queued_inside`) runs first: :meth:`inside_s`. A request
@@ -414,22 +420,24 @@ class Router:
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
-        return (self.service.seconds(ahead) + in_engine) / self.limit + self.own_s(work) + self.inside_s()
+        return self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
 
     def in_engine_s(self, bursting_only: bool = False) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
-        each page's predicted seconds less those it has run, at least :data:`IN_ENGINE_FLOOR` of them."""
-        now = time.monotonic()
+        each page's predicted share less what it has had, at least :data:`IN_ENGINE_FLOOR` of it."""
+        now = self.clock.now()
         return sum(
-            max(t.predicted_s - (now - t.started), IN_ENGINE_FLOOR * t.predicted_s)
+            max(t.predicted_s - (now - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
             for t in self._running.values()
             if t.terms.bursts or not bursting_only
         )
 
     def own_s(self, work: Work) -> float:
-        """A request's own part of :meth:`estimate_s`: its pages' seconds over the pages the engine
-        runs at once."""
-        return self.service.seconds(work) / self.limit
+        """A request's own part of :meth:`estimate_s`: its pages' shares of the engine, and at
+        least one of its pages' seconds on an idle engine (a page is not done sooner however
+        many the engine batches)."""
+        idle = self.idle if self.idle.measured else self.service
+        return max(self.service.seconds(work), idle.seconds(work.scaled(1 / max(work.pages, 1))))
 
     def bound_s(self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False) -> float:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
@@ -449,7 +457,7 @@ class Router:
         if not queued:
             return 0.0
         if drain_s is None:
-            return self.service.seconds(self.mean_work.scaled(queued)) / self.limit
+            return self.service.seconds(self.mean_work.scaled(queued))
         return drain_s
 
     def upper_factor(self) -> float:
@@ -457,8 +465,8 @@ class Router:
         :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` (a high quantile of how far finished
         pages ran over their prediction), or the median over-run of the pages in the engine now
         where larger, so a machine that slowed down shows before its pages finish."""
-        now = time.monotonic()
-        running = sorted((now - t.started) / t.predicted_s for t in self._running.values() if t.predicted_s)
+        now = self.clock.now()
+        running = sorted((now - t.entered) / t.predicted_s for t in self._running.values() if t.predicted_s)
         slowdown = running[len(running) // 2] if running else 1.0
         return max(self.service.upper_factor(), slowdown)
 
@@ -616,6 +624,7 @@ class Router:
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
+        ticket.entered = self.clock.enter()
         ticket.predicted_s = self.service.seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
@@ -637,11 +646,12 @@ class Router:
         """The page left the engine (answered, failed or aborted): free its slot."""
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
+        share = self.clock.leave(ticket.entered)
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now, now - ticket.enqueued)
             seconds = now - ticket.started
-            self.service.record(ticket.work, seconds)
+            self.service.record(ticket.work, share)
             if self.limiter:
                 self.limiter.record(seconds)
                 metrics.CONCURRENCY_LIMIT.set(self.limit)

@@ -9,7 +9,8 @@ input for the embedded engine, which magnifies a narrow strip many times:
 for a VLM), and its *marks*, the character-sized blobs of ink the preprocessor counts on it
 (:mod:`ocrserve.preprocess.marks`), which recognition (or a VLM's decoding) grows with. The model
 is linear in them, ``seconds = a + b x megapixels + c x kilomarks`` (a request's work is the sum
-of its pages'), fitted by exponentially weighted least squares over recent pages (the newest
+of its pages'), in shares of the engine's seconds (:class:`ShareClock`), fitted by exponentially
+weighted least squares over recent pages (the newest
 weighs :data:`FIT_WEIGHT`), every coefficient kept at 0 or above, and drawn towards the prior
 ``(initial_s, 0, 0)`` by a ridge of :data:`PRIOR_WEIGHT` pages. Measured on the development half
 of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-03): detection
@@ -29,6 +30,7 @@ predicted (a busy machine, pages of a kind it has not seen).
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -85,6 +87,42 @@ class Work:
 
 
 NO_WORK = Work()
+
+
+class ShareClock:
+    """The engine's time as each page in it sees it: seconds over the pages in the engine,
+    ``integral of dt / n(t)`` (processor sharing). A page's *share* is how far the clock moved
+    while it was in the engine: its wall seconds on an idle engine, a quarter of them beside three
+    others on an engine that runs pages side by side only by sharing its cores (the embedded
+    engine on a CPU), less where the engine batches pages (vLLM). Shares add up to the engine's
+    busy time, so the seconds until a queue has drained are the sum of its pages' shares, however
+    many pages the engine holds at once; a page's wall seconds alone would count pages timed on
+    an idle engine (the calibration pages, a quiet hour) as if they ran that fast side by side.
+    """
+
+    def __init__(self) -> None:
+        self._clock = 0.0
+        self._at = time.monotonic()
+        self.pages = 0
+
+    def now(self) -> float:
+        """The clock's reading now."""
+        at = time.monotonic()
+        self._clock += (at - self._at) / max(1, self.pages)
+        self._at = at
+        return self._clock
+
+    def enter(self) -> float:
+        """A page entered the engine; returns the reading it entered at."""
+        reading = self.now()
+        self.pages += 1
+        return reading
+
+    def leave(self, entered: float) -> float:
+        """A page that entered at reading ``entered`` left; returns its share, seconds."""
+        share = self.now() - entered
+        self.pages -= 1
+        return share
 
 
 class ServiceTime:

@@ -145,7 +145,7 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     router = make_router(initial_page_s=2.0)
     # nothing measured yet: router.initial_page_s stands in, and refuses what it could not finish
     assert router.service.measured == 0
-    assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0 / router.limit)
+    assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0)
     with pytest.raises(Overloaded, match="would be ahead of and in it"):
         async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
             pass
@@ -161,8 +161,9 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert bulk.work_ahead(None) == page + page + page
     two = page + page
     estimate = router.estimate_s(bulk, two)
-    work = router.service.seconds(bulk.work_ahead(None)) + router.in_engine_s() + router.service.seconds(two)
-    assert estimate == pytest.approx(work / router.limit, rel=0.05)  # the page in the engine runs on meanwhile
+    # in shares of the engine's seconds: what is ahead, what is left of the page in it, its own
+    work = router.service.seconds(bulk.work_ahead(None)) + router.in_engine_s() + router.own_s(two)
+    assert estimate == pytest.approx(work, rel=0.05)  # the page in the engine runs on meanwhile
     started = time.monotonic()
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, BULK, 2, Deadline.after(estimate / 2)), 2, 600, two):

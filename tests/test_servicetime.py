@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocrserve.servicetime import ENOUGH_PAGES, PRIOR_FACTOR, ServiceTime, Work
+from ocrserve.servicetime import ENOUGH_PAGES, PRIOR_FACTOR, ServiceTime, ShareClock, Work
 
 
 def page(megapixels: float, kilomarks: float) -> Work:
@@ -61,3 +61,18 @@ def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
     for _ in range(8):  # a busy machine: pages now take three times their prediction
         model.record(page(1, 1), 3 * model.seconds(page(1, 1)))
     assert model.upper_factor() >= 2.5
+
+
+def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monkeypatch):
+    """Alone a page's share is its wall seconds; beside three others, a quarter of them."""
+    now = [100.0]
+    monkeypatch.setattr("ocrserve.servicetime.time.monotonic", lambda: now[0])
+    clock = ShareClock()
+    alone = clock.enter()
+    now[0] += 2.0
+    assert clock.leave(alone) == pytest.approx(2.0)
+    entered = [clock.enter() for _ in range(4)]
+    now[0] += 8.0
+    shares = [clock.leave(reading) for reading in entered]
+    assert shares[0] == pytest.approx(2.0)  # 8 s shared by four
+    assert sum(shares) == pytest.approx(2.0 + 2.0 + 2.0 + 2.0)

@@ -284,6 +284,9 @@ class Router:
             seconds = time.monotonic() - started
             self.service.record(self.page_work(page), seconds)
             self.idle.record(self.page_work(page), seconds)
+        # the first pages were measured against the prior and a fit of one or two: those ratios say
+        # nothing of how far the fit of all of them is off
+        self.service.ratios.clear()
         works = [self.page_work(page) for page in pages]
         self.mean_work = sum(works, NO_WORK).scaled(1 / len(works)) if works else self.mean_work
 
@@ -441,13 +444,19 @@ class Router:
 
     def bound_s(self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False) -> float:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
-        :meth:`upper_factor` (the request's own part at its mean: on an idle engine the bound is
-        the estimate)."""
+        :meth:`upper_factor`, its own part times the over-runs seen (:meth:`_bound`)."""
         return self._bound(self.estimate_s(lane, work, priority, bursts), self.own_s(work))
 
     def _bound(self, estimate: float, own: float) -> float:
-        """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``."""
-        return own + (estimate - own) * self.upper_factor()
+        """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``: the work ahead
+        times :meth:`upper_factor`, its own times what evidence says of over-runs alone
+        (:meth:`~ocrserve.servicetime.ServiceTime.over_run`, or the pages in the engine's
+        :meth:`slowdown`), without the prior's margin, so that an idle engine admits what it did.
+        Its own part at its mean let a 2-page dense document in at 43 s of a 45 s deadline, and
+        answered it 504 on a machine whose other core was taken."""
+        slowdown = self.slowdown()
+        own_factor = max(self.service.over_run(), slowdown)
+        return own * own_factor + (estimate - own) * max(self.service.upper_factor(), slowdown)
 
     def inside_s(self) -> float:
         """Seconds until the engine has started what others queued inside it (vLLM's waiting
@@ -465,10 +474,14 @@ class Router:
         :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` (a high quantile of how far finished
         pages ran over their prediction), or the median over-run of the pages in the engine now
         where larger, so a machine that slowed down shows before its pages finish."""
+        return max(self.service.upper_factor(), self.slowdown())
+
+    def slowdown(self) -> float:
+        """The median over-run of the pages in the engine now: their shares so far over their
+        predicted shares (1 with none in it)."""
         now = self.clock.now()
         running = sorted((now - t.entered) / t.predicted_s for t in self._running.values() if t.predicted_s)
-        slowdown = running[len(running) // 2] if running else 1.0
-        return max(self.service.upper_factor(), slowdown)
+        return running[len(running) // 2] if running else 1.0
 
     @property
     def has_latency_target(self) -> bool:

@@ -176,11 +176,13 @@ class ServiceTime:
         millisecond a page."""
         return max(float(self._coefficients @ work.features()), 1e-3 * work.pages)
 
-    def upper_factor(self) -> float:
-        """What admission multiplies an estimate by (module docstring): the :data:`UPPER_QUANTILE`
-        quantile (nearest rank) of the recent actual / predicted ratios, at least 1, and at least
-        :data:`PRIOR_FACTOR` while fewer than :data:`ENOUGH_PAGES` pages were seen."""
+    def over_run(self) -> float:
+        """How far pages run over their prediction: the :data:`UPPER_QUANTILE` quantile (nearest
+        rank) of the recent actual / predicted ratios, at least 1 (1 before any)."""
         ranked = sorted(self.ratios)
-        quantile = ranked[max(0, math.ceil(UPPER_QUANTILE * len(ranked)) - 1)] if ranked else 1.0
-        floor = PRIOR_FACTOR if len(ranked) < ENOUGH_PAGES else 1.0
-        return max(1.0, floor, quantile)
+        return max(1.0, ranked[max(0, math.ceil(UPPER_QUANTILE * len(ranked)) - 1)] if ranked else 1.0)
+
+    def upper_factor(self) -> float:
+        """What admission multiplies an estimate by (module docstring): :meth:`over_run`, and at
+        least :data:`PRIOR_FACTOR` while fewer than :data:`ENOUGH_PAGES` pages were seen."""
+        return max(PRIOR_FACTOR if len(self.ratios) < ENOUGH_PAGES else 1.0, self.over_run())

@@ -351,6 +351,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
             ),
         )
         engine_after = await engine_pages(client)
+        stats = (await client.get("/v1/stats")).json()
         console.print(f"load done; draining (at most {args.drain:g} s) ...")
         memory.phase = "drain"
         drain_started = time.monotonic()
@@ -366,6 +367,8 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
         "drain_s": drain_s,
         "lanes": {lane.name: lane.figures() for lane in (fast, bulk)},
         "engine_pages_during_load": {lane: engine_after[lane] - engine_before[lane] for lane in engine_after},
+        "fast_latency_target_s": stats["fast_latency_target_s"],
+        "upper_factor_at_load_end": stats["upper_factor"],
         "memory": memory.figures(),
         "memory_samples": memory.samples,
     }
@@ -407,6 +410,12 @@ def report(figures: dict, console: Console) -> None:
     console.print(
         "pages the engine took during the load: "
         + ", ".join(f"{lane} {pages:.0f} ({pages / total:.0%})" for lane, pages in engine.items())
+    )
+    target = figures["fast_latency_target_s"]
+    console.print(
+        "the fast lane's latency target at the load's end (GET /v1/stats, a page of the average work): "
+        + (f"{target:.2f} s" if target is not None else "none")
+        + f"; admission's upper factor {figures['upper_factor_at_load_end']:.2f}"
     )
     memory = Table(title="RSS, MiB (start: after the warm-up; trend: the load's last quarter over its first)")
     for column in ("process", "start", "peak", "end", "growth", "trend under load"):

@@ -58,6 +58,14 @@ SERVICE_EWMA = 0.2
 #: A page in the engine counts in estimates with what is left of its predicted seconds, but with
 #: this share of them at least: one running past its prediction is not done yet.
 IN_ENGINE_FLOOR = 0.25
+#: Seconds over which the router measures how much of the time single (bursting) pages were in
+#: the engine (:class:`BusyWindow`).
+INTERACTIVE_WINDOW_S = 30.0
+#: The share of the cores a page that may not burst still gets while one that may is in the
+#: engine: the embedded engine runs it on threads at nice +10 (``engine.onnx.background_nice``)
+#: beside the interactive page's at 0, and Linux's CFS weighs nice 10 at 110 against 1024
+#: (``sched_prio_to_weight``, kernel/sched/core.c): 110 / 1134.
+BACKGROUND_SHARE = 0.1
 #: Marks (:mod:`ocrserve.preprocess.marks`) a normalized megapixel is expected to hold before any
 #: page has been decoded: about the densest letter-size pages of the development mixes
 #: (``scripts/many_clients.py --split dev --seed 0``: a synthetic page of 8-pt text 1,973; corpus
@@ -219,6 +227,44 @@ class Lane:
         metrics.ACTIVE_CLIENTS.labels(self.name).set(len(self._clients))
 
 
+class BusyWindow:
+    """How much of the last ``window_s`` seconds at least one page of a kind was in the engine.
+
+    Args:
+        window_s: the window, seconds.
+    """
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._spans: deque[tuple[float, float]] = deque()  # (from, to) when one was in, oldest first
+        self._since: float | None = None  # since when one has been in, while one is
+        self._count = 0
+
+    def enter(self) -> None:
+        """A page of the kind entered the engine."""
+        if not self._count:
+            self._since = time.monotonic()
+        self._count += 1
+
+    def leave(self) -> None:
+        """A page of the kind left it."""
+        self._count -= 1
+        if not self._count:
+            self._spans.append((self._since, time.monotonic()))
+            self._since = None
+
+    def fraction(self) -> float:
+        """The share of the window during which one was in the engine, 0 to 1."""
+        now = time.monotonic()
+        start = now - self.window_s
+        while self._spans and self._spans[0][1] <= start:
+            self._spans.popleft()
+        busy = sum(end - max(begin, start) for begin, end in self._spans)
+        if self._since is not None:
+            busy += now - max(self._since, start)
+        return min(1.0, busy / self.window_s)
+
+
 def retry_after_s(waiting_pages: int, drain_rate: float, fallback_rate: float) -> int:
     """Seconds until ``waiting_pages`` have drained, by Little's law ``W = L / lambda``.
 
@@ -250,6 +296,7 @@ class Router:
         self._task: asyncio.Task | None = None
         self._running: dict[asyncio.Task, Ticket] = {}
         self.clock = ShareClock()  # the engine's seconds as the pages in it share them
+        self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -419,11 +466,19 @@ class Router:
         whose pages ``bursts`` (:attr:`bursts`) waits in the engine only for the pages there that
         burst too: it overtakes the others (a burst slot, and its engine class at every stage).
         Counting the others refused single pages at once beside a flood of large documents that
-        they were in fact answered beside in 0.7-1.2 s."""
+        they were in fact answered beside in 0.7-1.2 s. Any other request gets what single pages
+        leave of the engine: where they were in it a fraction ``f`` of the last
+        :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by ``1 - f + f x``
+        :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents admitted beside a
+        single page every 0.5 s were answered 504."""
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
-        return self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
+        seconds = self.service.seconds(ahead) + in_engine + self.own_s(work)
+        if not bursts:
+            busy = self.interactive.fraction()
+            seconds /= 1 - busy + busy * BACKGROUND_SHARE
+        return seconds + self.inside_s()
 
     def in_engine_s(self, bursting_only: bool = False) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
@@ -638,6 +693,8 @@ class Router:
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
         ticket.entered = self.clock.enter()
+        if ticket.terms.bursts:
+            self.interactive.enter()
         ticket.predicted_s = self.service.seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
@@ -660,6 +717,8 @@ class Router:
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
         share = self.clock.leave(ticket.entered)
+        if ticket.terms.bursts:
+            self.interactive.leave()
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now, now - ticket.enqueued)

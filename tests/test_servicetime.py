@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ocrserve.router import BusyWindow
 from ocrserve.servicetime import ENOUGH_PAGES, PRIOR_FACTOR, ServiceTime, ShareClock, Work
 
 
@@ -76,3 +77,23 @@ def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monk
     shares = [clock.leave(reading) for reading in entered]
     assert shares[0] == pytest.approx(2.0)  # 8 s shared by four
     assert sum(shares) == pytest.approx(2.0 + 2.0 + 2.0 + 2.0)
+
+
+def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("ocrserve.router.time.monotonic", lambda: now[0])
+    window = BusyWindow(30.0)
+    assert window.fraction() == 0.0
+    window.enter()
+    window.enter()  # two at once count once
+    now[0] += 6.0
+    window.leave()
+    now[0] += 3.0
+    window.leave()  # one was in for 9 s
+    now[0] += 6.0
+    assert window.fraction() == pytest.approx(9 / 30)
+    window.enter()  # in since 3 s ago, still in
+    now[0] += 3.0
+    assert window.fraction() == pytest.approx(12 / 30)
+    now[0] += 60.0  # the first span has left the window; the one still in fills it
+    assert window.fraction() == 1.0

@@ -213,16 +213,33 @@ def timed_slow_page(http, real_vllm) -> tuple[float, float]:
     return taken[0], took
 
 
-def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm):
+def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm, tmp_path):
     """A request's ``timeout`` passes while its page is in vLLM: 504 at the deadline, and vLLM
     aborts the request rather than finishing it for nobody. The deadline falls a quarter of the way
     from the moment vLLM's engine takes such a page to its answer (two requests: the first and its
-    length retry), timed on one just before (the machine's load changes both)."""
+    length retry), timed on one just before (the machine's load changes both). The gateway that
+    timed it knows now what such a page takes, and refuses the request at once (503
+    ``deadline-unmeetable``); a fresh gateway, which has seen no page yet (no calibration in tests:
+    ``router.initial_page_s`` a page), admits it, and the deadline passes in vLLM."""
     taken_s, answer_s = timed_slow_page(http, real_vllm)
     timeout = taken_s + (answer_s - taken_s) / 4  # in the first of its two requests
+    page = {"file": ("slow.png", slow_page())}
+    refused = http.post("/v1/ocr", files=page, data={"timeout": f"{timeout:.2f}"})
+    assert refused.status_code == 503 and refused.json()["type"].endswith("/deadline-unmeetable"), refused.text
+    fresh = Gateway(
+        f"store.data_dir={tmp_path}",
+        f"engine.vllm.base_urls=[{real_vllm.url}]",
+        f"engine.vllm.slots_per_replica={GATEWAY_SLOTS}",
+        f"preprocess.max_pixels={PAGE_MAX_PIXELS}",
+        "router.initial_page_s=0.5",
+        profile="prod",
+    ).wait_ready()
     before = len(real_vllm.added())
     started = time.monotonic()
-    response = http.post("/v1/ocr", files={"file": ("slow.png", slow_page())}, data={"timeout": f"{timeout:.2f}"})
+    try:
+        response = httpx.post(fresh.url + "/v1/ocr", files=page, data={"timeout": f"{timeout:.2f}"}, timeout=300)
+    finally:
+        fresh.stop()
     took = time.monotonic() - started
     assert response.status_code == 504, response.text
     assert "deadline passed in the engine" in response.json()["detail"], response.text

@@ -25,7 +25,8 @@ class Page:
             (:mod:`ocrserve.preprocess.textlayer`): the page needs no OCR; None otherwise.
         blank: the page has no ink (:mod:`ocrserve.preprocess.blank`): it needs no OCR.
         marks: the character-sized blobs of ink on ``image`` (:mod:`ocrserve.preprocess.marks`):
-            how much text it holds, which admission prices the page by.
+            how much text it holds, which admission prices the page by; counted in the gateway
+            as the page is queued (:class:`~ocrserve.pipeline.PagePipeline`), 0 until then.
     """
 
     index: int

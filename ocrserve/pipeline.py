@@ -10,6 +10,7 @@ problem, and every page is counted once in ``ocrserve_pages_total``, when its ou
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, ProblemError
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure
+from ocrserve.preprocess.marks import count_marks
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms
 
@@ -122,6 +124,7 @@ class PagePipeline:
         """
 
         async def submit(page: Page) -> PageResult:
+            page.marks = await asyncio.to_thread(count_marks, page.image)
             return await self.router.submit(page, reservation, terms)
 
         try:

@@ -36,7 +36,6 @@ from ocrserve.pages import Page
 from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
-from ocrserve.preprocess.marks import count_marks
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
 from ocrserve.work import is_urgent
@@ -473,20 +472,17 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
 def _page(index: int, image: Image.Image, width: int, height: int, cfg: PreprocessConfig, started: float) -> Page:
     """The :class:`Page` of a decoded RGB ``image`` at its normalized size; ``width``/``height`` are
     the client's pixels, ``started`` the ``time.perf_counter()`` instant decoding began. With
-    ``preprocess.blank_check`` a page with no ink is marked ``blank`` (:mod:`.blank`); the others'
-    marks are counted (:mod:`.marks`)."""
+    ``preprocess.blank_check`` a page with no ink is marked ``blank`` (:mod:`.blank`)."""
     blank = cfg.blank_check and is_blank(image)
-    pixels = np.asarray(image)
     return Page(
         index=index,
-        image=pixels,
+        image=np.asarray(image),
         width=width,
         height=height,
         visual_tokens=visual_tokens(image.height, image.width, cfg.factor),
+        preprocess_s=time.perf_counter() - started,
         orientation=cfg.orientation == "auto",
         blank=blank,
-        marks=0 if blank else count_marks(pixels),
-        preprocess_s=time.perf_counter() - started,
     )
 
 

@@ -9,6 +9,11 @@ component, not text). A Latin character is one mark or two, a CJK character seve
 characters that touch on a poor scan count as one: a proxy, which the admission's model of a
 page's seconds (:mod:`ocrserve.servicetime`) weighs by fitting it to finished pages.
 
+They are counted in the gateway, on a thread, as a decoded page is queued
+(:class:`~ocrserve.pipeline.PagePipeline`), not in the decoding processes: there OpenCV's
+libraries and thread pool count against ``preprocess.worker_memory_mb``, and a 12000 x 12000 page
+that decoded within it before failed with them.
+
 Measured on the development half of ``../shared/corpus`` (2026-12-03, 2 cores): marks against the
 characters the embedded engine read: ``linn.png`` 3,031 / 4,474 (recognition 6.2 s),
 ``singlecol_01.png`` 1,511 / 1,861 (2.5 s), ``c02-22.pdf`` 1,254 / 1,108 (1.5 s),

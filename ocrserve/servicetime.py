@@ -6,7 +6,7 @@ A page's :class:`Work` is three figures known before the engine sees it: the pag
 part: its transfers, the engine's work per request), the pixels the engine reads (the detector's
 input for the embedded engine, which magnifies a narrow strip many times:
 :meth:`~ocrserve.engines.base.Engine.input_pixels`; the page's pixels, and so its visual tokens,
-for a VLM), and its *marks*, the character-sized blobs of ink the preprocessor counts on it
+for a VLM), and its *marks*, the character-sized blobs of ink counted on the decoded page
 (:mod:`ocrserve.preprocess.marks`), which recognition (or a VLM's decoding) grows with. The model
 is linear in them, ``seconds = a + b x megapixels + c x kilomarks`` (a request's work is the sum
 of its pages'), in shares of the engine's seconds (:class:`ShareClock`), fitted by exponentially

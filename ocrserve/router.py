@@ -323,19 +323,20 @@ class Router:
         Each reply is capped at ``router.calibrate_max_tokens`` output tokens
         (:meth:`~ocrserve.engines.base.Engine.calibration_page`), so that a model that never ends
         its reply cannot hold ``/readyz`` for its whole ``max_tokens``."""
-        for page in pages:
+        works = [self.page_work(page) for page in pages]
+        for page, work in zip(pages, works, strict=True):
             started = time.monotonic()
             await self.engine.calibration_page(
                 page, priority=EngineClass.INTERACTIVE, max_tokens=self.cfg.calibrate_max_tokens
             )
             seconds = time.monotonic() - started
-            self.service.record(self.page_work(page), seconds)
-            self.idle.record(self.page_work(page), seconds)
+            self.service.record(work, seconds)
+            self.idle.record(work, seconds)
         # the first pages were measured against the prior and a fit of one or two: those ratios say
         # nothing of how far the fit of all of them is off
         self.service.ratios.clear()
-        works = [self.page_work(page) for page in pages]
-        self.mean_work = sum(works, NO_WORK).scaled(1 / len(works)) if works else self.mean_work
+        if works:
+            self.mean_work = sum(works, NO_WORK).scaled(1 / len(works))
 
     @property
     def in_flight(self) -> int:

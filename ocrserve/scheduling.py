@@ -74,6 +74,7 @@ def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> T
     lane = choose_lane(work, cfg, pages, pixels)
     lane_cfg = cfg.fast if lane == FAST else cfg.bulk
     document = lane == FAST and pages > cfg.fast.urgent_pages
+    bursts = lane == FAST and not document
     order = work.priority if work.priority is not None else Priority(lane_cfg.priority + document)
     deadline = work.deadline
     if deadline is None and lane_cfg.timeout_s:
@@ -81,8 +82,8 @@ def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> T
     return Terms(
         lane=lane,
         order=Priority(order),
-        engine_class=EngineClass.INTERACTIVE if lane == FAST and not document else EngineClass.BACKGROUND,
-        bursts=lane == FAST and not document,
+        engine_class=EngineClass.INTERACTIVE if bursts else EngineClass.BACKGROUND,
+        bursts=bursts,
         deadline=deadline,
         deadline_is_clients=work.deadline is not None,
         client=work.client,

@@ -17,6 +17,10 @@ What keeps the tier to a few minutes on 2 cores (``/work/shared/vllm-cpu.md``):
 * ``VLLM_CPU_OMP_THREADS_BIND=auto``: the engine computes on one core and keeps the other for
   the API server, the gateway and pytest (override it in the environment).
 
+``VLLM_SERVER_DEV_MODE=1`` adds vLLM's own ``POST /pause`` and ``/resume`` (:meth:`RealVllm.paused`):
+a test that needs requests to stay in vLLM for as long as it looks (a full queue, a deadline that
+passes while a page is in vLLM) freezes vLLM's scheduler rather than racing the machine's speed.
+
 ``--max-model-len`` is the registry's ``max_tokens`` (16,384): vLLM 0.32 refuses a request whose
 ``max_tokens`` is above it (``max_tokens=16384 cannot be greater than max_model_len=2048``), and
 ocrserve always sends the model card's. ``--dtype float32``: vLLM's CPU build would run the
@@ -27,11 +31,13 @@ merger's permuted input reaches the kernel that needs ocrserve's vLLM plugin on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -125,6 +131,7 @@ class RealVllm:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            "VLLM_SERVER_DEV_MODE": "1",
             "PYTHONUNBUFFERED": "1",
         }
         environ.pop("VIRTUAL_ENV", None)
@@ -150,6 +157,18 @@ class RealVllm:
 
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """vLLM's scheduler frozen for the block: ``POST /pause?mode=keep`` (vLLM's dev-mode
+        endpoint), then ``POST /resume``. Requests are still taken (``Added request``, counted
+        against ``--max-num-queued-reqs``) and can be aborted, but none runs or finishes until the
+        block ends."""
+        httpx.post(self.url + "/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+        try:
+            yield
+        finally:
+            httpx.post(self.url + "/resume", timeout=30).raise_for_status()
 
     def log_lines(self, pattern: str) -> list[str]:
         """Lines of vLLM's log that match the regular expression ``pattern``."""

@@ -213,14 +213,21 @@ def timed_slow_page(http, real_vllm) -> tuple[float, float]:
     return taken[0], took
 
 
+#: A fresh gateway's deadline after the moment vLLM took the timed page: room enough for it to bring
+#: the page into a paused vLLM on a loaded machine, where the page then waits past it.
+FRESH_MARGIN_S = 10.0
+
+
 def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm, tmp_path):
     """A request's ``timeout`` passes while its page is in vLLM: 504 at the deadline, and vLLM
-    aborts the request rather than finishing it for nobody. The deadline falls a quarter of the way
-    from the moment vLLM's engine takes such a page to its answer (two requests: the first and its
-    length retry), timed on one just before (the machine's load changes both). The gateway that
-    timed it knows now what such a page takes, and refuses the request at once (503
-    ``deadline-unmeetable``); a fresh gateway, which has seen no page yet (no calibration in tests:
-    ``router.initial_page_s`` a page), admits it, and the deadline passes in vLLM."""
+    aborts the request rather than finishing it for nobody. A slow page timed just before (the
+    machine's load changes it) teaches the gateway what such a page takes: it refuses the page at
+    once (503 ``deadline-unmeetable``) with a deadline a quarter of the way from the moment vLLM's
+    engine took the timed page to its answer (two requests: the first and its length retry). A
+    fresh gateway, which has seen no page (no calibration in tests: ``router.initial_page_s`` a
+    page), admits the page with a deadline :data:`FRESH_MARGIN_S` after that moment; vLLM's
+    scheduler is paused (:meth:`~tests.real_vllm.RealVllm.paused`), so that the page is still in
+    vLLM when it passes however slow the machine is."""
     taken_s, answer_s = timed_slow_page(http, real_vllm)
     timeout = taken_s + (answer_s - taken_s) / 4  # in the first of its two requests
     page = {"file": ("slow.png", slow_page())}
@@ -234,25 +241,30 @@ def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm, tmp_path):
         "router.initial_page_s=0.5",
         profile="prod",
     ).wait_ready()
+    fresh_timeout = taken_s + FRESH_MARGIN_S
     before = len(real_vllm.added())
-    started = time.monotonic()
-    try:
-        response = httpx.post(fresh.url + "/v1/ocr", files=page, data={"timeout": f"{timeout:.2f}"}, timeout=300)
-    finally:
-        fresh.stop()
-    took = time.monotonic() - started
-    assert response.status_code == 504, response.text
-    assert "deadline passed in the engine" in response.json()["detail"], response.text
-    assert took < timeout + 2, (took, timeout)
 
     def aborted() -> list[str]:
         return [line for request in real_vllm.added()[before:] for line in real_vllm.aborted(request)]
 
-    line = wait_for(aborted, 30)[0].split("] ", 1)[-1]
+    with real_vllm.paused():
+        started = time.monotonic()
+        try:
+            response = httpx.post(
+                fresh.url + "/v1/ocr", files=page, data={"timeout": f"{fresh_timeout:.2f}"}, timeout=300
+            )
+        finally:
+            fresh.stop()
+        took = time.monotonic() - started
+        assert response.status_code == 504, response.text
+        assert "deadline passed in the engine" in response.json()["detail"], response.text
+        assert took < fresh_timeout + 2, (took, fresh_timeout)
+        line = wait_for(aborted, 30)[0].split("] ", 1)[-1]
     wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 30)
     print(
-        f"a slow page: in vLLM's engine at {taken_s:.1f} s, answered at {answer_s:.1f} s; with timeout="
-        f"{timeout:.1f}: 504 after {took:.1f} s; vLLM: {line}"
+        f"a slow page: in vLLM's engine at {taken_s:.1f} s, answered at {answer_s:.1f} s; refused with "
+        f"timeout={timeout:.1f}; a fresh gateway with timeout={fresh_timeout:.1f}: 504 after {took:.1f} s; "
+        f"vLLM: {line}"
     )
 
 
@@ -304,7 +316,9 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(real_vl
     (a gateway polling once a minute: one that polls often holds the page back before it reaches
     vLLM, the next test): vLLM answers the gateway's page 503 (its ``admission_rejections_total``
     counts it), and the gateway answers its client 503 with ``Retry-After`` at once, not after
-    holding the page to its deadline (504) or as a 502."""
+    holding the page to its deadline (504) or as a 502. vLLM's scheduler is paused meanwhile
+    (:meth:`~tests.real_vllm.RealVllm.paused`): its queue stays full, however fast the machine
+    would have finished the first of the other client's pages."""
     gateway = Gateway(
         f"store.data_dir={tmp_path}",
         f"engine.vllm.base_urls=[{real_vllm.url}]",
@@ -312,31 +326,29 @@ def test_vllms_full_queue_is_backpressure_a_503_with_retry_after_at_once(real_vl
         "engine.vllm.poll_interval_s=60",
         profile="prod",
     ).wait_ready()
-    streams = _flood(real_vllm, MAX_QUEUED_REQS + 2)  # the last ones are refused themselves
-    try:
-
-        def full() -> dict | None:
-            usage = read_vllm_metrics(real_vllm.metrics())
-            return usage if usage.get("running", 0) + usage.get("waiting", 0) >= MAX_QUEUED_REQS else None
-
-        usage = wait_for(full)
-        refused_before = admission_rejections(real_vllm)
-        started = time.monotonic()
-        page = {"file": ("page.tif", (DATA / "phototest.tif").read_bytes())}
-        response = httpx.post(gateway.url + "/v1/ocr", files=page, timeout=120)
-        took = time.monotonic() - started
-        refused = admission_rejections(real_vllm) - refused_before
-    finally:
-        for stream in streams:
-            stream.close()
-        gateway.stop()
+    before = len(real_vllm.added())
+    with real_vllm.paused():
+        streams = _flood(real_vllm, MAX_QUEUED_REQS + 2)  # the last ones are refused themselves
+        try:
+            wait_for(lambda: len(real_vllm.added()) - before >= MAX_QUEUED_REQS)
+            queued = len(real_vllm.added()) - before
+            refused_before = admission_rejections(real_vllm)
+            started = time.monotonic()
+            page = {"file": ("page.tif", (DATA / "phototest.tif").read_bytes())}
+            response = httpx.post(gateway.url + "/v1/ocr", files=page, timeout=120)
+            took = time.monotonic() - started
+            refused = admission_rejections(real_vllm) - refused_before
+        finally:
+            for stream in streams:
+                stream.close()
+            gateway.stop()
     assert response.status_code == 503, response.text
     assert int(response.headers["retry-after"]) >= 1
     assert "busy" in response.json()["detail"], response.text  # vLLM's QueueOverflowError message
     assert refused >= 1 and took < 10, (refused, took)
     wait = response.headers["retry-after"]
     print(
-        f"vLLM running {usage['running']:.0f}, waiting {usage['waiting']:.0f}; it refused {refused:.0f} "
+        f"vLLM took {queued} of the other client's requests; it refused {refused:.0f} of the gateway's "
         f"(admission_rejections_total); gateway 503 after {took:.2f} s, Retry-After {wait}"
     )
     wait_for(lambda: read_vllm_metrics(real_vllm.metrics()).get("running", 0) == 0, 60)

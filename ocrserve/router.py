@@ -44,6 +44,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
+from ocrserve.preprocess.marks import counted_pixels
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
 from ocrserve.servicetime import NO_WORK, ServiceTime, ShareClock, Work
 from ocrserve.work import Deadline, EngineClass
@@ -58,20 +59,21 @@ SERVICE_EWMA = 0.2
 #: A page in the engine counts in estimates with what is left of its predicted seconds, but with
 #: this share of them at least: one running past its prediction is not done yet.
 IN_ENGINE_FLOOR = 0.25
-#: Seconds over which the router measures how much of the time single (bursting) pages were in
-#: the engine (:class:`BusyWindow`).
-INTERACTIVE_WINDOW_S = 30.0
+#: Seconds over which the router measures how much of the time single (bursting) pages shared the
+#: engine with pages that may not burst (:class:`BusyWindow`).
+CONTENTION_WINDOW_S = 30.0
 #: The share of the cores a page that may not burst still gets while one that may is in the
 #: engine: the embedded engine runs it on threads at nice +10 (``engine.onnx.background_nice``)
 #: beside the interactive page's at 0, and Linux's CFS weighs nice 10 at 110 against 1024
 #: (``sched_prio_to_weight``, kernel/sched/core.c): 110 / 1134.
 BACKGROUND_SHARE = 0.1
-#: Marks (:mod:`ocrserve.preprocess.marks`) a normalized megapixel is expected to hold before any
-#: page has been decoded: about the densest letter-size pages of the development mixes
-#: (``scripts/many_clients.py --split dev --seed 0``: a synthetic page of 8-pt text 1,973; corpus
-#: pages ``linn.png`` 981, ``phototest.tif`` 778; the full letter calibration page 689, local
-#: profile), so that a first burst is priced as if its pages were full of text.
-PRIOR_MARKS_PER_MPX = 2000.0
+#: Marks (:mod:`ocrserve.preprocess.marks`) a counted megapixel
+#: (:func:`~ocrserve.preprocess.marks.counted_pixels`: at most one a page) is expected to hold
+#: before any page has been decoded: about the densest pages of the development half of
+#: ``../shared/corpus``, normalized on the local profile (``linn.png`` 3,068,
+#: ``unlv_8071_093.3B.tif`` 2,994, ``multicol_05.jpg`` 2,961; ``phototest.tif`` 778), so that a
+#: first burst is priced as if its pages were full of text.
+PRIOR_MARKS_PER_MPX = 3000.0
 
 
 @dataclass(eq=False)
@@ -228,7 +230,7 @@ class Lane:
 
 
 class BusyWindow:
-    """How much of the last ``window_s`` seconds at least one page of a kind was in the engine.
+    """How much of the last ``window_s`` seconds a condition held (:meth:`update` says when).
 
     Args:
         window_s: the window, seconds.
@@ -236,25 +238,19 @@ class BusyWindow:
 
     def __init__(self, window_s: float):
         self.window_s = window_s
-        self._spans: deque[tuple[float, float]] = deque()  # (from, to) when one was in, oldest first
-        self._since: float | None = None  # since when one has been in, while one is
-        self._count = 0
+        self._spans: deque[tuple[float, float]] = deque()  # (from, to) when it held, oldest first
+        self._since: float | None = None  # since when it has held, while it does
 
-    def enter(self) -> None:
-        """A page of the kind entered the engine."""
-        if not self._count:
+    def update(self, holds: bool) -> None:
+        """Whether the condition holds from now on."""
+        if holds and self._since is None:
             self._since = time.monotonic()
-        self._count += 1
-
-    def leave(self) -> None:
-        """A page of the kind left it."""
-        self._count -= 1
-        if not self._count:
+        elif not holds and self._since is not None:
             self._spans.append((self._since, time.monotonic()))
             self._since = None
 
     def fraction(self) -> float:
-        """The share of the window during which one was in the engine, 0 to 1."""
+        """The share of the window during which it held, 0 to 1."""
         now = time.monotonic()
         start = now - self.window_s
         while self._spans and self._spans[0][1] <= start:
@@ -296,7 +292,8 @@ class Router:
         self._task: asyncio.Task | None = None
         self._running: dict[asyncio.Task, Ticket] = {}
         self.clock = ShareClock()  # the engine's seconds as the pages in it share them
-        self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
+        # when single (bursting) pages shared the engine with pages that may not burst
+        self.contended = BusyWindow(CONTENTION_WINDOW_S)
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -332,9 +329,6 @@ class Router:
             seconds = time.monotonic() - started
             self.service.record(work, seconds)
             self.idle.record(work, seconds)
-        # the first pages were measured against the prior and a fit of one or two: those ratios say
-        # nothing of how far the fit of all of them is off
-        self.service.ratios.clear()
         if works:
             self.mean_work = sum(works, NO_WORK).scaled(1 / len(works))
 
@@ -355,12 +349,13 @@ class Router:
     def request_work(self, sizes: list[tuple[int, int]] | None, pages: int) -> Work:
         """The work of ``pages`` pages not decoded yet: from their normalized ``(width, height)``
         ``sizes`` where known (their pixels exactly, their marks as the pages decoded lately
-        held per pixel), else (a job's page, admitted before it is claimed) ``pages`` x the moving
-        average of a page's work."""
+        held per counted pixel: :func:`~ocrserve.preprocess.marks.counted_pixels`), else (a
+        job's page, admitted before it is claimed) ``pages`` x the moving average of a page's
+        work."""
         if sizes is None:
             return self.mean_work.scaled(pages)
         pixels = sum(self.engine.input_pixels(h, w) for w, h in sizes)
-        marks = sum(w * h for w, h in sizes) * self.marks_per_mpx / 1e6
+        marks = sum(counted_pixels(h, w) for w, h in sizes) * self.marks_per_mpx / 1e6
         return Work(len(sizes), pixels, marks)
 
     def request_cost(self, pages: int, visual_tokens: int | None) -> int:
@@ -468,16 +463,18 @@ class Router:
         burst too: it overtakes the others (a burst slot, and its engine class at every stage).
         Counting the others refused single pages at once beside a flood of large documents that
         they were in fact answered beside in 0.7-1.2 s. Any other request gets what single pages
-        leave of the engine: where they were in it a fraction ``f`` of the last
-        :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by ``1 - f + f x``
+        leave of the engine: where they shared it with pages that may not burst a fraction ``f``
+        of the last :data:`CONTENTION_WINDOW_S`, its seconds are divided by ``1 - f + f x``
         :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents admitted beside a
-        single page every 0.5 s were answered 504."""
+        single page every 0.5 s were answered 504. Single pages alone in the engine do not count:
+        a client that sent them one after another, then a 4-page document, had it refused on an
+        idle engine as 264 s of work (the corpus, in order)."""
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
         seconds = self.service.seconds(ahead) + in_engine + self.own_s(work)
         if not bursts:
-            busy = self.interactive.fraction()
+            busy = self.contended.fraction()
             seconds /= 1 - busy + busy * BACKGROUND_SHARE
         return seconds + self.inside_s()
 
@@ -623,7 +620,8 @@ class Router:
         deadline = terms.deadline
         cost, work = self.page_cost_of(page), self.page_work(page)
         reservation.submitted(work)
-        self.marks_per_mpx += SERVICE_EWMA * (page.marks * 1e6 / max(page.image[..., 0].size, 1) - self.marks_per_mpx)
+        counted = counted_pixels(*page.image.shape[:2])
+        self.marks_per_mpx += SERVICE_EWMA * (page.marks * 1e6 / max(counted, 1) - self.marks_per_mpx)
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
         ticket = Ticket(page, reservation, cost, work, terms, seq)
         self.policy.push(ticket)
@@ -694,13 +692,17 @@ class Router:
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
         ticket.entered = self.clock.enter()
-        if ticket.terms.bursts:
-            self.interactive.enter()
         ticket.predicted_s = self.service.seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
+        self._contention()
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
         ticket.task.add_done_callback(lambda task: self._finished(ticket, task))
+
+    def _contention(self) -> None:
+        """Tell :attr:`contended` whether pages that burst and pages that may not share the engine now."""
+        bursting = sum(t.terms.bursts for t in self._running.values())
+        self.contended.update(0 < bursting < len(self._running))
 
     async def _run(self, ticket: Ticket) -> None:
         try:
@@ -718,8 +720,7 @@ class Router:
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
         share = self.clock.leave(ticket.entered)
-        if ticket.terms.bursts:
-            self.interactive.leave()
+        self._contention()
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now, now - ticket.enqueued)

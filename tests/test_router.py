@@ -121,6 +121,21 @@ async def test_fast_burst_passes_bulk_in_flight(make_router):
     assert done == ["f0", "b0"]
 
 
+async def test_single_pages_count_against_documents_only_where_they_shared_the_engine_with_one(make_router):
+    """The share of recent time single pages took from pages that may not burst (what
+    :meth:`~ocrserve.router.Router.estimate_s` divides a document's seconds by): none while they
+    ran alone, one after another; some once one ran beside a bulk page."""
+    router = make_router()  # capacity 1, fast.burst_slots 1
+    for index in range(3):
+        await run_tagged(router, FAST, f"f{index}", text_page(index), [])
+    assert router.contended.fraction() == 0.0
+    bulk = asyncio.create_task(run_tagged(router, BULK, "b0", text_page(), []))
+    await wait_until(lambda: router.in_flight == 1)
+    await run_tagged(router, FAST, "f3", text_page(3), [])
+    await bulk
+    assert router.contended.fraction() > 0.0
+
+
 async def test_requests_sent_together_finish_one_after_another(make_router):
     """Three 3-page requests whose pages arrive interleaved (as their decoding finishes) behind a
     busy engine: each request's pages go before those of requests admitted after it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ocrserve.router import BusyWindow
-from ocrserve.servicetime import ENOUGH_PAGES, PRIOR_FACTOR, ServiceTime, ShareClock, Work
+from ocrserve.servicetime import ENOUGH_PAGES, FIT_PAGES, PRIOR_FACTOR, ServiceTime, ShareClock, Work
 
 
 def page(megapixels: float, kilomarks: float) -> Work:
@@ -51,17 +51,30 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 2 until 16 pages were seen, then the 0.9
-    quantile of how far pages ran over their prediction; pages slower than predicted widen it."""
+    """The factor admission multiplies its estimates by: 2 until 16 pages were seen after the first
+    three (a fit of fewer is underdetermined), then the 0.9 quantile of how far pages ran over their
+    prediction; pages slower than predicted widen it."""
     model = ServiceTime(initial_s=1.0)
     assert model.upper_factor() == PRIOR_FACTOR == 2.0
-    for _ in range(ENOUGH_PAGES):
+    for _ in range(FIT_PAGES + ENOUGH_PAGES):
         model.record(page(1, 1), 0.5)  # every page as predicted once the fit has one
-    assert model.ratios[0] == 0.5  # the first against the prior of 1 s
+    assert len(model.ratios) == ENOUGH_PAGES  # none against the prior of 1 s or a fit of fewer pages
+    assert model.ratios[0] == pytest.approx(1.0, abs=0.05)
     assert model.upper_factor() == pytest.approx(1.0, abs=0.05)
     for _ in range(8):  # a busy machine: pages now take three times their prediction
         model.record(page(1, 1), 3 * model.seconds(page(1, 1)))
     assert model.upper_factor() >= 2.5
+
+
+def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_seen():
+    """Among the first pages, one that ran 9 times over its prediction (a kind the fit had not seen)
+    leaves the factor at the prior's 2: the median of few ratios, not their largest, counts."""
+    model = ServiceTime(initial_s=1.0)
+    for seconds in [1.0] * FIT_PAGES + [9.0, 1.0, 1.0, 1.0, 1.0]:
+        model.record(page(1, 1), seconds)
+    assert max(model.ratios) > 5
+    assert model.over_run() == pytest.approx(1.0, abs=0.2)
+    assert model.upper_factor() == PRIOR_FACTOR
 
 
 def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monkeypatch):
@@ -79,21 +92,20 @@ def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monk
     assert sum(shares) == pytest.approx(2.0 + 2.0 + 2.0 + 2.0)
 
 
-def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(monkeypatch):
+def test_the_busy_window_is_the_share_of_recent_time_a_condition_held(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("ocrserve.router.time.monotonic", lambda: now[0])
     window = BusyWindow(30.0)
     assert window.fraction() == 0.0
-    window.enter()
-    window.enter()  # two at once count once
+    window.update(True)
     now[0] += 6.0
-    window.leave()
+    window.update(True)  # still holding: one span
     now[0] += 3.0
-    window.leave()  # one was in for 9 s
+    window.update(False)  # held for 9 s
     now[0] += 6.0
     assert window.fraction() == pytest.approx(9 / 30)
-    window.enter()  # in since 3 s ago, still in
+    window.update(True)  # holds since 3 s ago, still holds
     now[0] += 3.0
     assert window.fraction() == pytest.approx(12 / 30)
-    now[0] += 60.0  # the first span has left the window; the one still in fills it
+    now[0] += 60.0  # the first span has left the window; the one still holding fills it
     assert window.fraction() == 1.0

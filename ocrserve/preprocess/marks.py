@@ -35,6 +35,13 @@ MAX_MARK_HEIGHT = 0.1
 MIN_MARK_PIXELS = 4
 
 
+def counted_pixels(height: int, width: int) -> int:
+    """The pixels :func:`count_marks` counts a ``height`` x ``width`` page on: all of them up to
+    :data:`MAX_PIXELS`, then (the page brought down) :data:`MAX_PIXELS`. A page's marks grow with
+    these, not with its pixels: the same letter page has the same marks at 150 and 300 dpi."""
+    return min(height * width, MAX_PIXELS)
+
+
 def count_marks(image: np.ndarray) -> int:
     """The character-sized blobs of ink on a page (module docstring).
 

@@ -33,7 +33,7 @@ import itertools
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from ocrserve import metrics
@@ -346,17 +346,23 @@ class Router:
         height, width = page.image.shape[:2]
         return Work(1, self.engine.input_pixels(height, width), page.marks)
 
-    def request_work(self, sizes: list[tuple[int, int]] | None, pages: int) -> Work:
+    def request_work(self, sizes: list[tuple[int, int]] | None, pages: int, marks: Sequence[int | None] = ()) -> Work:
         """The work of ``pages`` pages not decoded yet: from their normalized ``(width, height)``
-        ``sizes`` where known (their pixels exactly, their marks as the pages decoded lately
-        held per counted pixel: :func:`~ocrserve.preprocess.marks.counted_pixels`), else (a
-        job's page, admitted before it is claimed) ``pages`` x the moving average of a page's
-        work."""
+        ``sizes`` where known, else (a job's page, admitted before it is claimed) ``pages`` x the
+        moving average of a page's work. Their pixels are exact; their marks those counted on
+        previews of the first pages (``marks``, in the order of ``sizes``; None: not previewed),
+        the others' at the previewed pages' marks per counted pixel
+        (:func:`~ocrserve.preprocess.marks.counted_pixels`), or without any, the pages decoded
+        lately's."""
         if sizes is None:
             return self.mean_work.scaled(pages)
         pixels = sum(self.engine.input_pixels(h, w) for w, h in sizes)
-        marks = sum(counted_pixels(h, w) for w, h in sizes) * self.marks_per_mpx / 1e6
-        return Work(len(sizes), pixels, marks)
+        counted = [counted_pixels(h, w) for w, h in sizes]
+        seen = [(m, c) for m, c in zip(marks, counted, strict=False) if m is not None]  # the first pages
+        seen_pixels = sum(c for _, c in seen)
+        density = sum(m for m, _ in seen) * 1e6 / seen_pixels if seen_pixels else self.marks_per_mpx
+        unseen = sum(counted) - seen_pixels
+        return Work(len(sizes), pixels, sum(m for m, _ in seen) + unseen * density / 1e6)
 
     def request_cost(self, pages: int, visual_tokens: int | None) -> int:
         """A request's cost: with ``router.cost: visual_tokens`` its ``visual_tokens``, or where they

@@ -29,6 +29,7 @@ from ocrserve.errors import DeadlinePassed
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
+from ocrserve.preprocess.marks import count_each
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
 from ocrserve.store.cache import DedupCache
@@ -114,8 +115,11 @@ class OcrService:
             # the lane's default deadline runs from admission
             terms = resolve(work, self.config.router, len(indices), pixels)
             tokens = info.visual_tokens(indices, self.config.preprocess)
-            work = self.router.request_work(info.normalized_sizes(indices, self.config.preprocess), len(indices))
-            async with self.router.admit(terms, len(indices), tokens, work) as reservation:
+            previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
+            marks = await asyncio.to_thread(count_each, previews)
+            sizes = info.normalized_sizes(indices, self.config.preprocess)
+            demand = self.router.request_work(sizes, len(indices), marks)
+            async with self.router.admit(terms, len(indices), tokens, demand) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, terms)
         for attempt in attempts:
             self.pipeline.count_final(attempt)

@@ -8,8 +8,11 @@ import pytest
 from PIL import Image, ImageDraw
 from rapidocr import RapidOCR
 
+from ocrserve.config import PreprocessConfig
 from ocrserve.engines.onnx import _vertical_padding, detector_input_size
-from ocrserve.preprocess.marks import count_marks
+from ocrserve.preprocess import MARKS_PIXELS, PDF_PREVIEW_OVERSAMPLE, decode_pages, inspect_document, preview_pages
+from ocrserve.preprocess.marks import count_each, count_marks
+from tests import samples
 from tests.samples import phototest
 
 
@@ -39,6 +42,39 @@ def test_a_large_page_is_counted_on_a_smaller_copy():
     page = phototest()
     double = page.resize((page.width * 2, page.height * 2), Image.Resampling.NEAREST)
     assert count_marks(np.asarray(double.convert("L"))) == pytest.approx(count_marks(np.asarray(page)), rel=0.15)
+
+
+PREVIEWED = {
+    "a multi-page TIFF": (samples.DATA / "testTIFF_multipage.tif").read_bytes(),
+    "an EXIF-turned JPEG": samples.exif_rotated_jpeg(),
+    "a transparent PNG": (samples.DATA / "black_font_color_transparent.png").read_bytes(),
+    "a PDF turned by /Rotate": samples.rotated_pdf(),
+    "a 300-dpi scan": samples.encode(phototest().resize((2560, 1920)), "PNG"),
+}
+
+
+@pytest.mark.parametrize("document", PREVIEWED.values(), ids=PREVIEWED.keys())
+def test_a_preview_holds_the_marks_of_the_decoded_page(document):
+    """What admission counts before decoding is what the decoded page holds: a preview as decoding
+    would normalize the page (upright, alpha on white), small."""
+    cfg = PreprocessConfig()
+    info = inspect_document(document, cfg)
+    indices = list(range(info.page_count))
+    previews = preview_pages(document, info, indices, cfg)
+    decoded = decode_pages(document, info, indices, cfg)
+    oversample = PDF_PREVIEW_OVERSAMPLE if info.kind == "pdf" else 1
+    for preview, page in zip(previews, decoded, strict=True):
+        assert preview.ndim == 2 and preview.size <= MARKS_PIXELS * oversample**2 * 1.01
+        assert count_marks(preview) == pytest.approx(count_marks(page.image), rel=0.05, abs=2)
+
+
+def test_a_page_too_costly_to_decode_twice_or_undecodable_has_no_preview():
+    cfg = PreprocessConfig()
+    huge = samples.blank_png(4000, 4000)  # 16 Mpx, not a JPEG
+    info = inspect_document(huge, cfg)
+    assert preview_pages(huge, info, [0], cfg) == [None]
+    truncated = samples.truncated_jpeg()
+    assert count_each(preview_pages(truncated, inspect_document(truncated, cfg), [0], cfg)) == [None]
 
 
 @pytest.mark.parametrize("height, width", [(56, 392), (39, 445), (445, 39), (480, 640), (2200, 1700), (1176, 840)])

@@ -136,6 +136,17 @@ async def test_single_pages_count_against_documents_only_where_they_shared_the_e
     assert router.contended.fraction() > 0.0
 
 
+async def test_a_requests_marks_are_those_counted_on_its_previews(make_router):
+    """Pages previewed before admission count their marks; the others, the previewed pages' marks
+    per counted pixel; without previews, the pages decoded lately's."""
+    router = make_router()
+    sizes = [(1000, 1000)] * 6  # a megapixel each: counted whole
+    assert router.request_work(sizes, 6, [1000, None, 500]).marks == pytest.approx(1500 + 4 * 750)
+    assert router.request_work(sizes, 6).marks == pytest.approx(6 * router.marks_per_mpx)
+    large = [(2000, 3000)]  # counted on a megapixel of it
+    assert router.request_work(large, 1).marks == pytest.approx(router.marks_per_mpx)
+
+
 async def test_requests_sent_together_finish_one_after_another(make_router):
     """Three 3-page requests whose pages arrive interleaved (as their decoding finishes) behind a
     busy engine: each request's pages go before those of requests admitted after it."""

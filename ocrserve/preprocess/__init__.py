@@ -45,6 +45,23 @@ from ocrserve.work import is_urgent
 Image.MAX_IMAGE_PIXELS = None
 
 log = logging.getLogger(__name__)
+#: The pixels a page's marks are counted on at most (:mod:`.marks`: the page is brought down to
+#: them first; small text stays a few pixels tall, and counting costs at most about 20 ms), and so
+#: the size of a page's preview (:func:`preview_pages`).
+MARKS_PIXELS = 1_000_000
+#: Pages of a request previewed before its admission (:func:`preview_pages`); the others are priced
+#: at the marks per pixel of these.
+PREVIEW_PAGES = 4
+#: An image frame of more pixels is not decoded for a preview (a JPEG is, at 1/8 scale or less,
+#: whatever its size): decoding such a frame twice costs more than a guess at its marks. 300-dpi
+#: letter scans of 8.4-10.5 Mpx decoded in 16-54 ms on the development machine.
+PREVIEW_DECODE_PIXELS = 12_000_000
+#: A PDF page's preview is rendered at this many times the side of an image's (at most its
+#: normalized size), and :func:`~ocrserve.preprocess.marks.count_marks` brings it down as it does a
+#: decoded page: PDFium's anti-aliasing at a megapixel merges small characters that a larger render
+#: keeps apart (``cardinal.pdf``'s first page: 2,527 marks against 3,017 on the decoded page; 3,105
+#: rendered at twice the side; ``rotated_skew.pdf``: 1,735, 2,852, 2,936).
+PDF_PREVIEW_OVERSAMPLE = 2
 #: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
 IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
 #: TIFF tag NewSubfileType (254); bit 0 set marks a reduced-resolution copy of another image
@@ -506,6 +523,81 @@ def decode_pages(
         document.close()
 
 
+def preview_pages(
+    source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig
+) -> list[np.ndarray | None]:
+    """The pages ``indices`` of an inspected document, grey, at :data:`MARKS_PIXELS` at most (a
+    PDF's at :data:`PDF_PREVIEW_OVERSAMPLE` times the side), as decoding would normalize them
+    (upright, alpha on white): what their marks are counted on (:mod:`.marks`) before the request
+    is admitted. Runs in a worker process.
+
+    Returns:
+        For each page, a ``(height, width)`` uint8 array, or None where a preview would cost more
+        than decoding is worth (an image frame of over :data:`PREVIEW_DECODE_PIXELS` that is not a
+        JPEG) or the page cannot be decoded (its decoding reports why).
+    """
+    try:
+        with decoder_errors("the document"):
+            document = _open_pdf(source) if info.kind == "pdf" else _open_image(source)
+    except ProblemError:
+        return [None] * len(indices)
+    if info.kind == "pdf":
+        preview = lambda i: _preview_pdf_page(document, i, cfg)  # noqa: E731
+    else:
+        preview = lambda i: _preview_image_page(document, info.frames[i], i, cfg)  # noqa: E731
+    try:
+        return [_preview_or_none(preview, i) for i in indices]
+    finally:
+        document.close()
+
+
+def _preview_size(width: int, height: int, cfg: PreprocessConfig, oversample: int = 1) -> tuple[int, int]:
+    """The normalized size of a ``width`` x ``height`` page, brought down to :data:`MARKS_PIXELS`
+    x ``oversample`` squared where larger."""
+    out_w, out_h = target_size(width, height, cfg)
+    scale = min(1.0, oversample * math.sqrt(MARKS_PIXELS / (out_w * out_h)))
+    return max(1, round(out_w * scale)), max(1, round(out_h * scale))
+
+
+def _preview_image_page(image: Image.Image, frame: int, index: int, cfg: PreprocessConfig) -> np.ndarray | None:
+    image.seek(frame)
+    _check_pixels(*image.size, cfg, index)
+    _check_bytes(image, cfg, index)
+    if image.format != "JPEG" and image.width * image.height > PREVIEW_DECODE_PIXELS:
+        return None
+    check_image_data(image, frame, f"page {index + 1}")
+    width, height = _oriented_size(image)
+    size = _preview_size(width, height, cfg)
+    if image.format == "JPEG":
+        raw_w, raw_h = image.size
+        image.draft(image.mode, (math.ceil(raw_w * size[0] / width), math.ceil(raw_h * size[0] / width)))
+    image.load()
+    ImageOps.exif_transpose(image, in_place=True)
+    return np.asarray(_to_rgb(_resized(image, size)).convert("L"))
+
+
+def _preview_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> np.ndarray:
+    width, height = _pdf_page_size(pdf, index, cfg)
+    _check_pixels(width, height, cfg, index)
+    out_w, out_h = _preview_size(width, height, cfg, PDF_PREVIEW_OVERSAMPLE)
+    page = pdf[index]
+    try:
+        width_pt, height_pt = page.get_size()
+        scale = max(out_w / width_pt, out_h / height_pt)
+        bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
+        return np.asarray(bitmap.to_pil().convert("L"))
+    finally:
+        page.close()
+
+
+def _preview_or_none(preview, index: int) -> np.ndarray | None:
+    try:
+        with decoder_errors(f"page {index + 1}"):
+            return preview(index)
+    except ProblemError:
+        return None
+
+
 def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
     try:
         with decoder_errors(f"page {index + 1}"):
@@ -538,6 +630,14 @@ class Preprocessor:
         """Identify the document and count its pages (see :func:`inspect_document`); ``priority``
         picks the pool and orders the task among those waiting for one of its processes (lower first)."""
         return await self._pool_for(priority).run(inspect_document, source, self.cfg, priority=priority)
+
+    async def previews(
+        self, source: Source, info: DocumentInfo, indices: Sequence[int], priority: int = 0
+    ) -> list[np.ndarray | None]:
+        """:func:`preview_pages` of the first :data:`PREVIEW_PAGES` of ``indices``, in a decoding
+        process (``priority`` as for :meth:`inspect`)."""
+        first = list(indices[:PREVIEW_PAGES])
+        return await self._pool_for(priority).run(preview_pages, source, info, first, self.cfg, priority=priority)
 
     async def pages(
         self, source: Source, info: DocumentInfo, indices: Sequence[int], priority: int = 0

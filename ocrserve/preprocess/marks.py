@@ -1,16 +1,19 @@
 """How much text a page holds, seen cheaply: its *marks*, the character-sized blobs of ink.
 
-Recognition dominates an OCR engine's time on a page full of text, and it grows with the
-characters on the page; detection grows with the page's pixels. Pixels are known from a page's
-size alone; characters are not. A page's marks stand in for them: the connected components of its
-ink (Otsu's threshold on the grey page, brought down to :data:`MAX_PIXELS` first) that are no
-taller than :data:`MAX_MARK_HEIGHT` of the page (a frame, a rule or a dark border is one large
-component, not text). A Latin character is one mark or two, a CJK character several, and
-characters that touch on a poor scan count as one: a proxy, which the admission's model of a
-page's seconds (:mod:`ocrserve.servicetime`) weighs by fitting it to finished pages.
+Recognition dominates an OCR engine's time on a page full of text, and it grows with the characters
+on the page; detection grows with the page's pixels. Pixels are known from a page's size alone;
+characters are not. A page's marks stand in for them: the connected components of its ink (Otsu's
+threshold on the grey page, brought down to :data:`~ocrserve.preprocess.MARKS_PIXELS` first) that
+are no taller than :data:`MAX_MARK_HEIGHT` of the page (a frame, a rule or a dark border is one
+large component, not text). A Latin character is one mark or two, a CJK character several, and
+characters that touch on a poor scan count as one: a proxy, which the admission's model of a page's
+seconds (:mod:`ocrserve.servicetime`) weighs by fitting it to finished pages.
 
-They are counted in the gateway, on a thread, as a decoded page is queued
-(:class:`~ocrserve.pipeline.PagePipeline`), not in the decoding processes: there OpenCV's
+They are counted twice: before a request is admitted, on a small grey preview of its first pages
+(:func:`~ocrserve.preprocess.preview_pages`, :func:`count_each`), so that admission prices a
+burst by the text it holds; and on each decoded page as it is queued
+(:class:`~ocrserve.pipeline.PagePipeline`), which replaces the estimate. Both in the gateway, on
+a thread, not in the decoding processes (which only render the previews): there OpenCV's
 libraries and thread pool count against ``preprocess.worker_memory_mb``, and a 12000 x 12000 page
 that decoded within it before failed with them.
 
@@ -26,9 +29,8 @@ from __future__ import annotations
 import cv2  # opencv-python-headless: a dependency of rapidocr
 import numpy as np
 
-#: The page is brought down to at most this many pixels before its marks are counted: small
-#: text stays a few pixels tall, and counting costs at most about 20 ms.
-MAX_PIXELS = 1_000_000
+from ocrserve.preprocess import MARKS_PIXELS
+
 #: A component taller than this share of the page is no character (a frame, a rule, a border).
 MAX_MARK_HEIGHT = 0.1
 #: A component of fewer pixels is noise (a speck of a scan).
@@ -37,9 +39,10 @@ MIN_MARK_PIXELS = 4
 
 def counted_pixels(height: int, width: int) -> int:
     """The pixels :func:`count_marks` counts a ``height`` x ``width`` page on: all of them up to
-    :data:`MAX_PIXELS`, then (the page brought down) :data:`MAX_PIXELS`. A page's marks grow with
-    these, not with its pixels: the same letter page has the same marks at 150 and 300 dpi."""
-    return min(height * width, MAX_PIXELS)
+    :data:`~ocrserve.preprocess.MARKS_PIXELS`, then (the page brought down) those. A page's marks
+    grow with these, not with its pixels: the same letter page has the same marks at 150 and 300
+    dpi."""
+    return min(height * width, MARKS_PIXELS)
 
 
 def count_marks(image: np.ndarray) -> int:
@@ -52,7 +55,7 @@ def count_marks(image: np.ndarray) -> int:
         The number of marks, 0 for a page without ink.
     """
     grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY) if image.ndim == 3 else image
-    scale = min(1.0, (MAX_PIXELS / max(grey.size, 1)) ** 0.5)
+    scale = min(1.0, (MARKS_PIXELS / max(grey.size, 1)) ** 0.5)
     if scale < 1.0:
         grey = cv2.resize(grey, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
     _, ink = cv2.threshold(grey, 0, 255, cv2.THRESH_BINARY_INV + cv2.THRESH_OTSU)
@@ -61,3 +64,9 @@ def count_marks(image: np.ndarray) -> int:
     _, _, stats, _ = cv2.connectedComponentsWithStats(ink, connectivity=8)
     areas, heights = stats[1:, cv2.CC_STAT_AREA], stats[1:, cv2.CC_STAT_HEIGHT]
     return int(((areas >= MIN_MARK_PIXELS) & (heights <= MAX_MARK_HEIGHT * grey.shape[0])).sum())
+
+
+def count_each(previews: list[np.ndarray | None]) -> list[int | None]:
+    """:func:`count_marks` of each of a request's page previews
+    (:meth:`~ocrserve.preprocess.Preprocessor.previews`), None where there is none."""
+    return [None if preview is None else count_marks(preview) for preview in previews]

@@ -147,6 +147,19 @@ async def test_a_requests_marks_are_those_counted_on_its_previews(make_router):
     assert router.request_work(large, 1).marks == pytest.approx(router.marks_per_mpx)
 
 
+async def test_a_request_hopeless_even_without_marks_is_refused_before_its_previews(make_router):
+    """The check before previews refuses only what no marks could make possible: a deadline that the
+    pages' pixels alone overrun, or a lane too full for them."""
+    router = make_router(fast={"queue_pages": 8})
+    sizes = [(2000, 3000)] * 4
+    least = router.request_work(sizes, 4, [0] * 4)
+    router.refuse_hopeless(terms(router, FAST, 4, deadline=Deadline.after(3600)), 4, least)  # no exception
+    with pytest.raises(Overloaded, match="cannot finish 4 page"):
+        router.refuse_hopeless(terms(router, FAST, 4, deadline=Deadline.after(0.01)), 4, least)
+    with pytest.raises(PayloadTooLarge):
+        router.refuse_hopeless(terms(router, FAST, 9), 9, router.request_work([(2000, 3000)] * 9, 9, [0] * 9))
+
+
 async def test_requests_sent_together_finish_one_after_another(make_router):
     """Three 3-page requests whose pages arrive interleaved (as their decoding finishes) behind a
     busy engine: each request's pages go before those of requests admitted after it."""

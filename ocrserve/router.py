@@ -59,9 +59,9 @@ SERVICE_EWMA = 0.2
 #: A page in the engine counts in estimates with what is left of its predicted seconds, but with
 #: this share of them at least: one running past its prediction is not done yet.
 IN_ENGINE_FLOOR = 0.25
-#: Seconds over which the router measures how much of the time single (bursting) pages shared the
-#: engine with pages that may not burst (:class:`BusyWindow`).
-CONTENTION_WINDOW_S = 30.0
+#: Seconds over which the router measures how much of the time other clients' single (bursting)
+#: pages were in the engine (:class:`BusyWindow`).
+INTERACTIVE_WINDOW_S = 30.0
 #: The share of the cores a page that may not burst still gets while one that may is in the
 #: engine: the embedded engine runs it on threads at nice +10 (``engine.onnx.background_nice``)
 #: beside the interactive page's at 0, and Linux's CFS weighs nice 10 at 110 against 1024
@@ -86,6 +86,7 @@ class Ticket:
         predicted_s: its share of the engine's seconds (:class:`~ocrserve.servicetime.ShareClock`)
             as predicted when it was dispatched.
         entered: the share clock's reading when it was dispatched.
+        single: a page that bursts: its token in :attr:`Router.interactive` while it is in the engine.
         terms: its request's scheduling terms.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
             order between equal priorities (:class:`~ocrserve.policies.FairTags`; the last breaks ties between tries
@@ -107,6 +108,7 @@ class Ticket:
     started: float = 0.0
     predicted_s: float = 0.0
     entered: float = 0.0
+    single: int | None = None
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     @property
@@ -230,7 +232,8 @@ class Lane:
 
 
 class BusyWindow:
-    """How much of the last ``window_s`` seconds a condition held (:meth:`update` says when).
+    """How much of the last ``window_s`` seconds a page of a kind was in the engine, counting the
+    pages of every client or of all but one.
 
     Args:
         window_s: the window, seconds.
@@ -238,26 +241,36 @@ class BusyWindow:
 
     def __init__(self, window_s: float):
         self.window_s = window_s
-        self._spans: deque[tuple[float, float]] = deque()  # (from, to) when it held, oldest first
-        self._since: float | None = None  # since when it has held, while it does
+        self._spans: deque[tuple[float, float, str]] = deque()  # (from, to, client), by end
+        self._open: dict[int, tuple[float, str]] = {}  # a page still in: (since, client)
+        self._tokens = itertools.count()
 
-    def update(self, holds: bool) -> None:
-        """Whether the condition holds from now on."""
-        if holds and self._since is None:
-            self._since = time.monotonic()
-        elif not holds and self._since is not None:
-            self._spans.append((self._since, time.monotonic()))
-            self._since = None
+    def enter(self, client: str) -> int:
+        """A page of the kind, ``client``'s, entered the engine; returns the token to leave with."""
+        token = next(self._tokens)
+        self._open[token] = (time.monotonic(), client)
+        return token
 
-    def fraction(self) -> float:
-        """The share of the window during which it held, 0 to 1."""
+    def leave(self, token: int) -> None:
+        """The page that entered with ``token`` left."""
+        since, client = self._open.pop(token)
+        self._spans.append((since, time.monotonic(), client))
+
+    def fraction(self, excluding: str | None = None) -> float:
+        """The share of the window during which one was in, 0 to 1; pages of ``excluding`` (a
+        client) left out."""
         now = time.monotonic()
         start = now - self.window_s
         while self._spans and self._spans[0][1] <= start:
             self._spans.popleft()
-        busy = sum(end - max(begin, start) for begin, end in self._spans)
-        if self._since is not None:
-            busy += now - max(self._since, start)
+        spans = [(begin, end) for begin, end, client in self._spans if client != excluding]
+        spans += [(begin, now) for begin, client in self._open.values() if client != excluding]
+        busy, reached = 0.0, start
+        for begin, end in sorted(spans):
+            begin = max(begin, reached)
+            if end > begin:
+                busy += end - begin
+                reached = end
         return min(1.0, busy / self.window_s)
 
 
@@ -292,8 +305,7 @@ class Router:
         self._task: asyncio.Task | None = None
         self._running: dict[asyncio.Task, Ticket] = {}
         self.clock = ShareClock()  # the engine's seconds as the pages in it share them
-        # when single (bursting) pages shared the engine with pages that may not burst
-        self.contended = BusyWindow(CONTENTION_WINDOW_S)
+        self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -408,7 +420,7 @@ class Router:
         self._check_room(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         work = work or self.request_work(None, pages)
-        estimate = self.estimate_s(lane, work, priority, terms.bursts and self.bursts)
+        estimate = self.estimate_s(lane, work, priority, terms.bursts and self.bursts, terms.client)
         bound = self._bound(estimate, self.own_s(work))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
@@ -438,7 +450,7 @@ class Router:
         lane = self.lanes[terms.lane]
         self._check_room(lane, pages, terms.order)
         if terms.deadline is not None:
-            estimate = self.estimate_s(lane, least, terms.order, terms.bursts and self.bursts)
+            estimate = self.estimate_s(lane, least, terms.order, terms.bursts and self.bursts, terms.client)
             self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, self.own_s(least)))
 
     def _check_room(self, lane: Lane, pages: int, priority: int) -> None:
@@ -475,7 +487,9 @@ class Router:
         under the lanes policy)."""
         return self.policy.bursts and self.cfg.fast.burst_slots > 0
 
-    def estimate_s(self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False) -> float:
+    def estimate_s(
+        self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False, client: str | None = None
+    ) -> float:
         """Seconds until a request asking ``work`` (:meth:`request_work`) of ``priority``, admitted
         to ``lane`` now, would be done: the work ahead of it (the lane's admitted pages of that
         priority or more urgent, :meth:`Lane.work_ahead`; for bulk the fast lane's too), what is
@@ -490,18 +504,20 @@ class Router:
         burst too: it overtakes the others (a burst slot, and its engine class at every stage).
         Counting the others refused single pages at once beside a flood of large documents that
         they were in fact answered beside in 0.7-1.2 s. Any other request gets what single pages
-        leave of the engine: where they shared it with pages that may not burst a fraction ``f``
-        of the last :data:`CONTENTION_WINDOW_S`, its seconds are divided by ``1 - f + f x``
-        :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents admitted beside a
-        single page every 0.5 s were answered 504. Single pages alone in the engine do not count:
-        a client that sent them one after another, then a 4-page document, had it refused on an
-        idle engine as 264 s of work (the corpus, in order)."""
+        leave of the engine: where other clients' single pages (not ``client``'s) were in it a
+        fraction ``f`` of the last :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by
+        ``1 - f + f x`` :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents
+        admitted beside a single page every 0.5 s were answered 504. A client's own single pages
+        do not count: one that sent them one after another, then a 4-page document, had it refused
+        on an idle engine as 264 s of work (the corpus, in order). Counting only the time single
+        pages shared the engine with other pages instead let documents in at the start of a flood
+        beside a stream of single pages, and 3 of 3 were answered 504."""
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
         seconds = self.service.seconds(ahead) + in_engine + self.own_s(work)
         if not bursts:
-            busy = self.contended.fraction()
+            busy = self.interactive.fraction(excluding=client)
             seconds /= 1 - busy + busy * BACKGROUND_SHARE
         return seconds + self.inside_s()
 
@@ -722,14 +738,10 @@ class Router:
         ticket.predicted_s = self.service.seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
-        self._contention()
+        if ticket.terms.bursts:
+            ticket.single = self.interactive.enter(ticket.terms.client)
         # bookkeeping in a callback: it runs even when the task is cancelled before its first step
         ticket.task.add_done_callback(lambda task: self._finished(ticket, task))
-
-    def _contention(self) -> None:
-        """Tell :attr:`contended` whether pages that burst and pages that may not share the engine now."""
-        bursting = sum(t.terms.bursts for t in self._running.values())
-        self.contended.update(0 < bursting < len(self._running))
 
     async def _run(self, ticket: Ticket) -> None:
         try:
@@ -747,7 +759,8 @@ class Router:
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
         share = self.clock.leave(ticket.entered)
-        self._contention()
+        if ticket.single is not None:
+            self.interactive.leave(ticket.single)
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
             now = time.monotonic()
             ticket.lane.record_done(now, now - ticket.enqueued)

@@ -121,19 +121,19 @@ async def test_fast_burst_passes_bulk_in_flight(make_router):
     assert done == ["f0", "b0"]
 
 
-async def test_single_pages_count_against_documents_only_where_they_shared_the_engine_with_one(make_router):
-    """The share of recent time single pages took from pages that may not burst (what
-    :meth:`~ocrserve.router.Router.estimate_s` divides a document's seconds by): none while they
-    ran alone, one after another; some once one ran beside a bulk page."""
-    router = make_router()  # capacity 1, fast.burst_slots 1
+async def test_only_other_clients_single_pages_slow_a_document(make_router):
+    """A client's own single pages, sent one after another, leave its document's estimate as it was
+    (it sends no more while it waits); another client's divide it (what they leave of the engine)."""
+    router = make_router()
     for index in range(3):
-        await run_tagged(router, FAST, f"f{index}", text_page(index), [])
-    assert router.contended.fraction() == 0.0
-    bulk = asyncio.create_task(run_tagged(router, BULK, "b0", text_page(), []))
-    await wait_until(lambda: router.in_flight == 1)
-    await run_tagged(router, FAST, "f3", text_page(3), [])
-    await bulk
-    assert router.contended.fraction() > 0.0
+        request = terms(router, FAST, client="a")
+        async with router.admit(request, 1) as reservation:
+            await router.submit(text_page(index), reservation, request)
+    assert router.interactive.fraction(excluding="a") == 0.0
+    assert 0.0 < router.interactive.fraction(excluding="b") == router.interactive.fraction()
+    document = Work(4, 4e6, 4000)
+    own = router.estimate_s(router.lanes[FAST], document, client="a")
+    assert router.estimate_s(router.lanes[FAST], document, client="b") > own
 
 
 async def test_a_requests_marks_are_those_counted_on_its_previews(make_router):

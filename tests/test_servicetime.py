@@ -92,20 +92,23 @@ def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monk
     assert sum(shares) == pytest.approx(2.0 + 2.0 + 2.0 + 2.0)
 
 
-def test_the_busy_window_is_the_share_of_recent_time_a_condition_held(monkeypatch):
+def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("ocrserve.router.time.monotonic", lambda: now[0])
     window = BusyWindow(30.0)
     assert window.fraction() == 0.0
-    window.update(True)
+    first, second = window.enter("a"), window.enter("b")  # two at once count once
     now[0] += 6.0
-    window.update(True)  # still holding: one span
+    window.leave(first)
     now[0] += 3.0
-    window.update(False)  # held for 9 s
+    window.leave(second)  # one was in for 9 s: 6 of them a's, all 9 b's
     now[0] += 6.0
     assert window.fraction() == pytest.approx(9 / 30)
-    window.update(True)  # holds since 3 s ago, still holds
+    assert window.fraction(excluding="b") == pytest.approx(6 / 30)
+    assert window.fraction(excluding="a") == pytest.approx(9 / 30)
+    window.enter("a")  # in since 3 s ago, still in
     now[0] += 3.0
     assert window.fraction() == pytest.approx(12 / 30)
-    now[0] += 60.0  # the first span has left the window; the one still holding fills it
+    now[0] += 60.0  # the first spans have left the window; the one still in fills it
     assert window.fraction() == 1.0
+    assert window.fraction(excluding="a") == 0.0

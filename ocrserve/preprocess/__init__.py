@@ -22,7 +22,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -511,14 +511,32 @@ def decode_pages(
     Runs in a worker process. Returns, in the order of ``indices``, each page or its failure: a
     page above ``cfg.max_page_pixels`` (413) or one that cannot be decoded (415) fails alone.
     """
+    return _each_page(source, info, indices, cfg, _render_pdf_page, _decode_image_page, _decode_or_fail)
+
+
+def _each_page(
+    source: Source,
+    info: DocumentInfo,
+    indices: Sequence[int],
+    cfg: PreprocessConfig,
+    pdf_page: Callable,
+    image_page: Callable,
+    run: Callable,
+) -> list:
+    """Open the document once and return ``run(one, i)`` for each of ``indices``, where ``one(i)``
+    is ``pdf_page(pdf, i, cfg)`` or ``image_page(image, frame, i, cfg)``.
+
+    Raises:
+        UnsupportedMedia: the document cannot be opened (415).
+    """
     with decoder_errors("the document"):
         document = _open_pdf(source) if info.kind == "pdf" else _open_image(source)
     if info.kind == "pdf":
-        decode = lambda i: _render_pdf_page(document, i, cfg)  # noqa: E731
+        one = lambda i: pdf_page(document, i, cfg)  # noqa: E731
     else:
-        decode = lambda i: _decode_image_page(document, info.frames[i], i, cfg)  # noqa: E731
+        one = lambda i: image_page(document, info.frames[i], i, cfg)  # noqa: E731
     try:
-        return [_decode_or_fail(decode, i) for i in indices]
+        return [run(one, i) for i in indices]
     finally:
         document.close()
 
@@ -537,18 +555,9 @@ def preview_pages(
         JPEG) or the page cannot be decoded (its decoding reports why).
     """
     try:
-        with decoder_errors("the document"):
-            document = _open_pdf(source) if info.kind == "pdf" else _open_image(source)
-    except ProblemError:
+        return _each_page(source, info, indices, cfg, _preview_pdf_page, _preview_image_page, _preview_or_none)
+    except ProblemError:  # the document itself: its decoding reports it
         return [None] * len(indices)
-    if info.kind == "pdf":
-        preview = lambda i: _preview_pdf_page(document, i, cfg)  # noqa: E731
-    else:
-        preview = lambda i: _preview_image_page(document, info.frames[i], i, cfg)  # noqa: E731
-    try:
-        return [_preview_or_none(preview, i) for i in indices]
-    finally:
-        document.close()
 
 
 def _preview_size(width: int, height: int, cfg: PreprocessConfig, oversample: int = 1) -> tuple[int, int]:

@@ -23,10 +23,10 @@ Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each
 seconds over what the model predicted for it before it finished are kept (the last
 :data:`RATIOS_KEPT`; none for the first :data:`FIT_PAGES`, whose predictions are the prior's or an
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
-their :data:`UPPER_QUANTILE` quantile, by at least :data:`PRIOR_FACTOR` until :data:`ENOUGH_PAGES`
-pages have been seen: wide while the model knows little, tightening as evidence comes, and widening
-again when recent pages run slower than predicted (a busy machine, pages of a kind it has not
-seen).
+their :data:`UPPER_QUANTILE` quantile (their median, and at least :data:`PRIOR_FACTOR`, until
+:data:`ENOUGH_PAGES` have been kept): wide while the model knows little, tightening as evidence
+comes, and widening again when recent pages run slower than predicted (a busy machine, pages of a
+kind it has not seen).
 """
 
 from __future__ import annotations

@@ -446,12 +446,27 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
     resized in its own mode; only the small page is converted to RGB, so the largest allocation is
     the decoded frame itself (a 16-bit 12000 x 12000 PNG took 3.6 GB in float64 copies)."""
     started = time.perf_counter()
+    rgb, width, height = _upright_frame(image, frame, index, cfg, lambda w, h: target_size(w, h, cfg))
+    return _page(index, rgb, width, height, cfg, started)
+
+
+def _upright_frame(
+    image: Image.Image, frame: int, index: int, cfg: PreprocessConfig, size_of: Callable[[int, int], tuple[int, int]]
+) -> tuple[Image.Image, int, int]:
+    """Frame ``frame`` decoded (checked first), turned upright, resized in its own mode to
+    ``size_of(width, height)`` of its upright size and converted to RGB; and that ``width``,
+    ``height``.
+
+    Raises:
+        PayloadTooLarge: above ``max_page_pixels`` or ``max_page_bytes`` (413).
+        UnsupportedMedia: its image data ends early (415).
+    """
     image.seek(frame)
     _check_pixels(*image.size, cfg, index)
     _check_bytes(image, cfg, index)
     check_image_data(image, frame, f"page {index + 1}")
     width, height = _oriented_size(image)
-    out_w, out_h = target_size(width, height, cfg)
+    out_w, out_h = size_of(width, height)
     if image.format == "JPEG" and out_w < width:
         # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT coefficients.
         raw_w, raw_h = image.size
@@ -459,8 +474,14 @@ def _decode_image_page(image: Image.Image, frame: int, index: int, cfg: Preproce
         image.draft(image.mode, (math.ceil(raw_w * shrink), math.ceil(raw_h * shrink)))
     image.load()
     ImageOps.exif_transpose(image, in_place=True)
-    rgb = _to_rgb(_resized(image, (out_w, out_h)))
-    return _page(index, rgb, width, height, cfg, started)
+    return _to_rgb(_resized(image, (out_w, out_h))), width, height
+
+
+def _rendered(page: pdfium.PdfPage, size: tuple[int, int]) -> Image.Image:
+    """A PDF page rendered on white at the scale that covers ``size`` (``/Rotate`` honoured)."""
+    width_pt, height_pt = page.get_size()
+    scale = max(size[0] / width_pt, size[1] / height_pt)
+    return page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True).to_pil()
 
 
 def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> Page:
@@ -471,12 +492,9 @@ def _render_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig)
     _check_pixels(width, height, cfg, index)
     out_w, out_h = target_size(width, height, cfg)
     page = pdf[index]
-    width_pt, height_pt = page.get_size()
-    scale = max(out_w / width_pt, out_h / height_pt)
     try:
         text_layer = read_text_layer(page, index, width, height, cfg.pdf_text)
-        bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
-        rendered = bitmap.to_pil().convert("RGB")
+        rendered = _rendered(page, (out_w, out_h)).convert("RGB")
     finally:
         page.close()
     if rendered.size != (out_w, out_h):
@@ -570,19 +588,10 @@ def _preview_size(width: int, height: int, cfg: PreprocessConfig, oversample: in
 
 def _preview_image_page(image: Image.Image, frame: int, index: int, cfg: PreprocessConfig) -> np.ndarray | None:
     image.seek(frame)
-    _check_pixels(*image.size, cfg, index)
-    _check_bytes(image, cfg, index)
     if image.format != "JPEG" and image.width * image.height > PREVIEW_DECODE_PIXELS:
         return None
-    check_image_data(image, frame, f"page {index + 1}")
-    width, height = _oriented_size(image)
-    size = _preview_size(width, height, cfg)
-    if image.format == "JPEG":
-        raw_w, raw_h = image.size
-        image.draft(image.mode, (math.ceil(raw_w * size[0] / width), math.ceil(raw_h * size[0] / width)))
-    image.load()
-    ImageOps.exif_transpose(image, in_place=True)
-    return np.asarray(_to_rgb(_resized(image, size)).convert("L"))
+    rgb, _, _ = _upright_frame(image, frame, index, cfg, lambda w, h: _preview_size(w, h, cfg))
+    return np.asarray(rgb.convert("L"))
 
 
 def _preview_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig) -> np.ndarray:
@@ -591,10 +600,7 @@ def _preview_pdf_page(pdf: pdfium.PdfDocument, index: int, cfg: PreprocessConfig
     out_w, out_h = _preview_size(width, height, cfg, PDF_PREVIEW_OVERSAMPLE)
     page = pdf[index]
     try:
-        width_pt, height_pt = page.get_size()
-        scale = max(out_w / width_pt, out_h / height_pt)
-        bitmap = page.render(scale=scale, fill_color=(255, 255, 255, 255), may_draw_forms=True)
-        return np.asarray(bitmap.to_pil().convert("L"))
+        return np.asarray(_rendered(page, (out_w, out_h)).convert("L"))
     finally:
         page.close()
 

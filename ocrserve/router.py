@@ -92,6 +92,8 @@ class Ticket:
             order between equal priorities (:class:`~ocrserve.policies.FairTags`; the last breaks ties between tries
             of one page).
         task: the engine call once dispatched.
+        answered: whether the engine answered the page (not an error): only answered pages teach
+            the service-time model and the concurrency limiter what a page takes.
         context: the submitter's context variables (its request id, for log lines): the engine
             call runs in a copy of them.
     """
@@ -105,6 +107,7 @@ class Ticket:
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None
+    answered: bool = False
     started: float = 0.0
     predicted_s: float = 0.0
     entered: float = 0.0
@@ -751,6 +754,7 @@ class Router:
             if not ticket.future.done():
                 ticket.future.set_exception(exc)
         else:
+            ticket.answered = True
             if not ticket.future.done():
                 ticket.future.set_result(result)
 
@@ -761,13 +765,13 @@ class Router:
         share = self.clock.leave(ticket.entered)
         if ticket.single is not None:
             self.interactive.leave(ticket.single)
-        if not task.cancelled():  # aborted pages say nothing of the lane's drain rate or the page time
-            now = time.monotonic()
+        now = time.monotonic()
+        if not task.cancelled():  # aborted pages say nothing of the lane's drain rate
             ticket.lane.record_done(now, now - ticket.enqueued)
-            seconds = now - ticket.started
+        if ticket.answered:  # an engine's error (vLLM's 400 for a page over max_model_len) comes at once
             self.service.record(ticket.work, share)
             if self.limiter:
-                self.limiter.record(seconds)
+                self.limiter.record(now - ticket.started)
                 metrics.CONCURRENCY_LIMIT.set(self.limit)
         metrics.SLOTS_IN_USE.set(self.in_flight)
         self._alarm.ring()

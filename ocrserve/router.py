@@ -439,13 +439,17 @@ class Router:
             lane.leave(terms.client)
             self._account(lane, admitted, estimate, bound, terms.deadline)
 
-    def refuse_hopeless(self, terms: Terms, pages: int, least: Work) -> None:
-        """Refuse now, as :meth:`admit` would, a request whose ``pages`` the lane's queue cannot
-        take, or that could not finish before its deadline were they the ``least`` work they can
-        be (their pixels without marks): before its pages are previewed to count their marks
-        (:meth:`~ocrserve.preprocess.Preprocessor.previews`), which costs a decoding process up
-        to 0.3 s a page. 12 documents of two 16.8-Mpx pages sent at once were refused after up to
-        4.5 s, previewed first.
+    @contextlib.asynccontextmanager
+    async def held(self, terms: Terms, pages: int, least: Work) -> AsyncIterator[None]:
+        """Hold room for a request while its pages are previewed to count their marks
+        (:meth:`~ocrserve.preprocess.Preprocessor.previews`, up to 0.3 s a page in a decoding
+        process), after refusing now, as :meth:`admit` would, what no marks could save: ``pages``
+        the lane's queue cannot take, or a deadline that they overrun were they the ``least`` work
+        they can be (their pixels without marks). The hold is its pages at that least work, in the
+        lane's queue until the block exits, so that requests arriving meanwhile count it ahead of
+        them; :meth:`admit` (called once the block has exited) replaces it with the priced request.
+        Without the hold, ten 4-page documents sent at once were all previewed before any was
+        admitted, and the nine refused waited up to 7.5 s for it.
 
         Raises:
             PayloadTooLarge, Overloaded: as :meth:`admit`.
@@ -455,6 +459,11 @@ class Router:
         if terms.deadline is not None:
             estimate = self.estimate_s(lane, least, terms.order, terms.bursts and self.bursts, terms.client)
             self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, self.own_s(least)))
+        lane.reserve(terms.order, pages, least)
+        try:
+            yield
+        finally:
+            lane.reserve(terms.order, -pages, NO_WORK - least)
 
     def _check_room(self, lane: Lane, pages: int, priority: int) -> None:
         """Refuse ``pages`` that exceed the lane's whole queue (413), or that it cannot take now."""

@@ -117,9 +117,9 @@ class OcrService:
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
             markless = self.router.request_work(sizes, len(indices), [0] * len(sizes))
-            self.router.refuse_hopeless(terms, len(indices), markless)
-            previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-            marks = await asyncio.to_thread(count_each, previews)
+            async with self.router.held(terms, len(indices), markless):
+                previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
+                marks = await asyncio.to_thread(count_each, previews)
             demand = self.router.request_work(sizes, len(indices), marks)
             async with self.router.admit(terms, len(indices), tokens, demand) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, terms)

@@ -104,8 +104,8 @@ PREDICTED_RUNS = 5
 #: Seconds between two scrapes of vLLM's metrics, and scrapes per step-time window.
 SCRAPE_S = 1.0
 WINDOW_SCRAPES = 5
-#: A calibration load's seconds: the first :data:`CALIBRATION_SETTLE_S` (every request's prefill
-#: at once) are measured too, since they hold the prefill steps the fit's third term needs.
+#: A calibration load's seconds, all measured: its start (every request's prefill at once) holds
+#: the prefill steps the fit's third term needs.
 CALIBRATION_S = 35.0
 #: The scheduler model's allowance when it picks the load: the statistical plan's predicted p95 at
 #: most ``--p95`` / 1.15 (the model is held to within 15% of measured p95).
@@ -487,8 +487,9 @@ def report(run: dict, lengths: list[int], p95_target: float) -> None:
             "| preemptions (per page) | predicted | KV use | predicted | running | predicted |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        predicted = predictions(run, step, lengths)
         for m in measured:
-            p, others = predictions(run, step, lengths)[m["name"]]
+            p, others = predicted[m["name"]]
             p95, pages = percentile(m["latencies"], 95), max(m["pages"], 1)
             print(
                 f"| {m['name']} | {m['seqs']} | {m['pages_per_s']:.2f} | "

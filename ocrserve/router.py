@@ -130,6 +130,21 @@ class Ticket:
         return self.terms.deadline
 
 
+@dataclass(eq=False)
+class Promise:
+    """An admitted request that single pages overtake (it does not burst) and that has a
+    deadline: the seconds by which pages admitted after it may still delay it.
+
+    Attributes:
+        deadline: its deadline.
+        slack_s: its deadline's seconds left at admission less its bound
+            (:meth:`Router.bound_s`), less the delay of every single page admitted since.
+    """
+
+    deadline: Deadline
+    slack_s: float
+
+
 class Lane:
     """A bounded queue of tickets with its scheduling state and drain-rate history.
 
@@ -261,13 +276,14 @@ class BusyWindow:
 
     def fraction(self, excluding: str | None = None) -> float:
         """The share of the window during which one was in, 0 to 1; pages of ``excluding`` (a
-        client) left out."""
+        client) left out where it sent them one at a time (:meth:`one_at_a_time`)."""
         now = time.monotonic()
         start = now - self.window_s
         while self._spans and self._spans[0][1] <= start:
             self._spans.popleft()
-        spans = [(begin, end) for begin, end, client in self._spans if client != excluding]
-        spans += [(begin, now) for begin, client in self._open.values() if client != excluding]
+        left_out = excluding if excluding is not None and self.one_at_a_time(excluding) else None
+        spans = [(begin, end) for begin, end, client in self._spans if client != left_out]
+        spans += [(begin, now) for begin, client in self._open.values() if client != left_out]
         busy, reached = 0.0, start
         for begin, end in sorted(spans):
             begin = max(begin, reached)
@@ -275,6 +291,24 @@ class BusyWindow:
                 busy += end - begin
                 reached = end
         return min(1.0, busy / self.window_s)
+
+    def turned_away(self, client: str, seconds: float) -> None:
+        """A page of the kind, ``client``'s, that would have been in for ``seconds`` was refused:
+        it counts as in for the last ``seconds`` (demand, though it did not run)."""
+        now = time.monotonic()
+        self._spans.append((now - seconds, now, client))
+
+    def one_at_a_time(self, client: str) -> bool:
+        """Whether ``client``'s pages in the window came one after another: none is in now, and
+        none began before the one before it had left. Such a client waits for each answer, and
+        sends no more while it waits for the next request's; one whose pages overlap, or with one
+        in now, sends them side by side and goes on (a stream of single pages every 0.5 s from
+        the address that then sent two 4-page documents: both were admitted as if the stream
+        would stop, and both answered 504)."""
+        if any(owner == client for _, owner in self._open.values()):
+            return False
+        spans = [(begin, end) for begin, end, owner in self._spans if owner == client]  # by end
+        return all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
 
 
 def retry_after_s(waiting_pages: int, drain_rate: float, fallback_rate: float) -> int:
@@ -309,6 +343,7 @@ class Router:
         self._running: dict[asyncio.Task, Ticket] = {}
         self.clock = ShareClock()  # the engine's seconds as the pages in it share them
         self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
+        self._promises: list[Promise] = []  # admitted requests single pages overtake, with deadlines
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -429,15 +464,59 @@ class Router:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             self._check_latency_target(lane, work, bound)
+        bursting = terms.bursts and self.bursts
+        if bursting:
+            self._keep_promises(lane, work, terms.client)
+        promise = None if bursting or terms.deadline is None else Promise(terms.deadline, terms.deadline.left() - bound)
         reservation = Reservation(lane, work, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
         lane.enter(terms.client)
+        if promise:
+            self._promises.append(promise)
         try:
             yield reservation
         finally:
             reservation.release(reservation.pending)
             lane.leave(terms.client)
-            self._account(lane, admitted, estimate, bound, terms.deadline)
+            if promise:
+                self._promises.remove(promise)
+            if reservation.used or terms.deadline is not None:  # not the jobs worker's room, held each poll
+                self._account(lane, admitted, estimate, bound, terms.deadline)
+
+    def _keep_promises(self, lane: Lane, work: Work, client: str) -> None:
+        """Admit single pages asking ``work`` only where the requests already admitted that they
+        overtake (:class:`Promise`) can still finish by their deadlines: their pages get
+        :data:`BACKGROUND_SHARE` of the engine while a single page is in it, so each loses the
+        single pages' :meth:`own_s` times ``1 -`` that from its slack. Admission prices single
+        pages to come by the share of the last seconds they took (:meth:`estimate_s`); a stream
+        that starts with or after a document is not in it: two 4-page documents admitted as a
+        stream of single pages began from the same address, every 0.5 s, were answered 504.
+
+        A page refused so counts in :attr:`interactive` as if it had run its seconds: it is demand
+        all the same, and documents admitted while single pages are refused for their sake would
+        refuse more of them (a flood of turned documents beside a single page every 0.5 s: 4
+        documents admitted and 107 of 145 single pages refused, where 1 and 2 had been).
+
+        Raises:
+            Overloaded: a promise's slack would run out (503 ``engine-promised``, ``Retry-After``
+                until the first such request is done by its bound).
+        """
+        own = self.own_s(work)
+        delay = own * (1 - BACKGROUND_SHARE)
+        broken = [promise for promise in self._promises if promise.slack_s < delay]
+        if broken:
+            # until the first of them is done by its bound (with the pages that overtook it since)
+            wait = max(1, math.ceil(min(promise.deadline.left() - promise.slack_s for promise in broken)))
+            self.interactive.turned_away(client, own)
+            metrics.REJECTIONS.labels(lane.name, "engine_promised").inc()
+            raise Overloaded(
+                f"the engine's time for the next {wait} s is promised to requests admitted before, which this "
+                f"page would overtake and make late; retry in {wait} s",
+                slug="engine-promised",
+                headers={"Retry-After": str(wait)},
+            )
+        for promise in self._promises:
+            promise.slack_s -= delay
 
     @contextlib.asynccontextmanager
     async def held(self, terms: Terms, pages: int, least: Work) -> AsyncIterator[None]:
@@ -516,14 +595,15 @@ class Router:
         burst too: it overtakes the others (a burst slot, and its engine class at every stage).
         Counting the others refused single pages at once beside a flood of large documents that
         they were in fact answered beside in 0.7-1.2 s. Any other request gets what single pages
-        leave of the engine: where other clients' single pages (not ``client``'s) were in it a
-        fraction ``f`` of the last :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by
+        leave of the engine: where single pages were in it a fraction ``f`` of the last
+        :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by
         ``1 - f + f x`` :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents
         admitted beside a single page every 0.5 s were answered 504. A client's own single pages
-        do not count: one that sent them one after another, then a 4-page document, had it refused
-        on an idle engine as 264 s of work (the corpus, in order). Counting only the time single
-        pages shared the engine with other pages instead let documents in at the start of a flood
-        beside a stream of single pages, and 3 of 3 were answered 504."""
+        do not count where it sent them one after another (:meth:`BusyWindow.one_at_a_time`): one
+        that did, then a 4-page document, had it refused on an idle engine as 264 s of work (the
+        corpus, in order). Counting only the time single pages shared the engine with other pages
+        instead let documents in at the start of a flood beside a stream of single pages, and 3
+        of 3 were answered 504."""
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
@@ -805,6 +885,7 @@ class Reservation:
         self.order = order
         self.start, self.finish = start, finish
         self.pending, self.pending_work = round(work.pages), work  # pages not submitted yet, their expected work
+        self.used = False  # whether a page was submitted with it
         lane.reserve(priority, self.pending, work)
 
     def _share(self, pages: int) -> Work:
@@ -824,6 +905,7 @@ class Reservation:
     def submitted(self, work: Work) -> None:
         """One of its pages was decoded and queued asking ``work``: that replaces its share of the
         expected work (a page beyond the reservation, a job page's retry, joins it)."""
+        self.used = True
         share = self._share(1) if self.pending else NO_WORK
         added = 0 if self.pending else 1
         self.pending = max(0, self.pending - 1)

@@ -20,7 +20,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
 from ocrserve.preprocess.marks import count_marks
 from ocrserve.preprocess.synthetic import calibration_pages
-from ocrserve.router import Router, retry_after_s
+from ocrserve.router import BACKGROUND_SHARE, Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
 from ocrserve.servicetime import Work
 from ocrserve.work import Deadline, Priority, WorkItem
@@ -178,6 +178,34 @@ async def test_a_request_being_previewed_holds_its_least_work_ahead_of_requests_
                 pass
     assert lane.reserved == 0 and lane.work_ahead(None) == Work()
     assert router.estimate_s(lane, least) == pytest.approx(alone)
+
+
+async def test_single_pages_that_would_make_an_admitted_document_late_are_refused(make_router):
+    """A document admitted with 1.5 s to spare keeps them: single pages, which overtake it, are
+    admitted while their delay to it fits in that slack, then refused at once (503
+    ``engine-promised``) until it is done."""
+    router = make_router()
+    fast = router.lanes[FAST]
+    document = router.request_work([(1000, 1000)] * 4, 4, [1000] * 4)
+    single = router.request_work([(480, 640)], 1, [239])
+    page = terms(router, FAST, 1)
+    delay = router.own_s(single) * (1 - BACKGROUND_SHARE)
+    document_terms = terms(router, FAST, 4, deadline=Deadline.after(router.bound_s(fast, document) + 1.5))
+    assert page.bursts and not document_terms.bursts
+    admitted = 0
+    async with router.admit(document_terms, 4, work=document):
+        with pytest.raises(Overloaded) as refused:
+            for _ in range(1000):
+                async with router.admit(page, 1, work=single):
+                    admitted += 1
+    assert admitted in (math.floor(1.5 / delay) - 1, math.floor(1.5 / delay))
+    # retry once the document is done by its bound, with the pages that overtook it: before its deadline
+    assert refused.value.slug == "engine-promised"
+    assert 1 <= int(refused.value.headers["Retry-After"]) <= math.ceil(document_terms.deadline.left())
+    # the refused page is demand all the same: documents that come now are priced beside it
+    assert router.interactive.fraction() > 0
+    async with router.admit(page, 1, work=single):  # the document is done: nothing promised
+        pass
 
 
 async def test_requests_sent_together_finish_one_after_another(make_router):
@@ -351,6 +379,9 @@ async def test_admissions_are_accounted_against_their_estimate_and_deadline(make
         assert sample("ocrserve_lane_active_clients") == 1
         await router.submit(blank(), reservation, request)
     assert sample("ocrserve_lane_active_clients") == 0
+    assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
+    async with router.admit(dataclasses.replace(terms(router, BULK), deadline=None), 1):
+        pass  # room held and given back unused, as the jobs worker's every poll: nothing to account
     assert sample("ocrserve_admission_estimate_error_seconds_count") == estimates + 1
     assert sample("ocrserve_admitted_deadline_misses_total") == misses  # done in time
     seconds = router.estimate_s(router.lanes[BULK], router.request_work(None, 1))

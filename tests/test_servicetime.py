@@ -109,6 +109,29 @@ def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(mon
     window.enter("a")  # in since 3 s ago, still in
     now[0] += 3.0
     assert window.fraction() == pytest.approx(12 / 30)
+    assert window.fraction(excluding="a") == pytest.approx(12 / 30)  # a's page in now: a goes on
     now[0] += 60.0  # the first spans have left the window; the one still in fills it
     assert window.fraction() == 1.0
-    assert window.fraction(excluding="a") == 0.0
+
+
+def test_a_clients_own_pages_leave_the_busy_window_only_when_it_sent_them_one_at_a_time(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("ocrserve.router.time.monotonic", lambda: now[0])
+    window = BusyWindow(30.0)
+    for _ in range(3):  # a waits for each answer: 2 s in, 1 s out
+        token = window.enter("a")
+        now[0] += 2.0
+        window.leave(token)
+        now[0] += 1.0
+    assert window.one_at_a_time("a") and window.fraction(excluding="a") == 0.0
+    assert window.fraction() == pytest.approx(6 / 30)
+    first = window.enter("b")  # b sends its next page before the first is answered
+    now[0] += 1.0
+    second = window.enter("b")
+    now[0] += 1.0
+    window.leave(first)
+    assert not window.one_at_a_time("b")  # one in now
+    now[0] += 1.0
+    window.leave(second)
+    assert not window.one_at_a_time("b")  # they overlapped
+    assert window.fraction(excluding="b") == window.fraction() == pytest.approx(9 / 30)

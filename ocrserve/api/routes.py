@@ -35,7 +35,8 @@ _problem_docs = {
         429: "the key's rate limit, or the address's failed authentications; see Retry-After",
         503: "engine still loading or down (every vLLM replica), lane full, the timeout too short for the work "
         "ahead (deadline-unmeetable), a fast request without timeout over the lane's latency target "
-        "(latency-target), or (Prefer: respond-async) the job store failing; see Retry-After",
+        "(latency-target), a single page that would make requests admitted before it late (engine-promised), "
+        "or (Prefer: respond-async) the job store failing; see Retry-After",
         504: "deadline passed",
         507: "(Prefer: respond-async) the data folder is full: the job cannot be kept",
     }.items()

@@ -138,7 +138,8 @@ class Promise:
     Attributes:
         deadline: its deadline.
         slack_s: its deadline's seconds left at admission less its bound
-            (:meth:`Router.bound_s`), less the delay of every single page admitted since.
+            (:meth:`Router.bound_s`) without the delay of the single pages it expected beside it
+            (:meth:`Router.estimate_s`), less the delay of every single page admitted since.
     """
 
     deadline: Deadline
@@ -458,16 +459,19 @@ class Router:
         self._check_room(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         work = work or self.request_work(None, pages)
-        estimate = self.estimate_s(lane, work, priority, terms.bursts and self.bursts, terms.client)
+        bursting = terms.bursts and self.bursts
+        alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client)
+        estimate = alone + beside_single_pages
         bound = self._bound(estimate, self.own_s(work))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             self._check_latency_target(lane, work, bound)
-        bursting = terms.bursts and self.bursts
         if bursting:
             self._keep_promises(lane, work, terms.client)
-        promise = None if bursting or terms.deadline is None else Promise(terms.deadline, terms.deadline.left() - bound)
+        promise = None
+        if not bursting and terms.deadline is not None:  # the single pages its bound expects are its own to give
+            promise = Promise(terms.deadline, terms.deadline.left() - bound + beside_single_pages)
         reservation = Reservation(lane, work, priority, next(self._admitted), *lane.fair.tag(terms.client, cost))
         admitted = time.monotonic()
         lane.enter(terms.client)
@@ -604,14 +608,21 @@ class Router:
         corpus, in order). Counting only the time single pages shared the engine with other pages
         instead let documents in at the start of a flood beside a stream of single pages, and 3
         of 3 were answered 504."""
+        return sum(self._estimate(lane, work, priority, bursts, client))
+
+    def _estimate(
+        self, lane: Lane, work: Work, priority: int | None, bursts: bool, client: str | None
+    ) -> tuple[float, float]:
+        """:meth:`estimate_s` in two parts: the seconds without single pages, and what the single
+        pages expected beside it add (0 for a request that ``bursts``)."""
         fast = self.lanes[FAST]
         ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
         in_engine = self.in_engine_s(bursting_only=bursts)
-        seconds = self.service.seconds(ahead) + in_engine + self.own_s(work)
-        if not bursts:
-            busy = self.interactive.fraction(excluding=client)
-            seconds /= 1 - busy + busy * BACKGROUND_SHARE
-        return seconds + self.inside_s()
+        seconds = self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
+        if bursts:
+            return seconds, 0.0
+        busy = self.interactive.fraction(excluding=client)
+        return seconds, (seconds - self.inside_s()) * (1 / (1 - busy + busy * BACKGROUND_SHARE) - 1)
 
     def in_engine_s(self, bursting_only: bool = False) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):

@@ -452,7 +452,8 @@ class Router:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
             Overloaded: the lane's queue cannot take ``pages`` more now (503 or 429, ``Retry-After``),
                 or the request could not finish before its deadline (503, ``Retry-After`` from
-                :meth:`estimate_s`).
+                :meth:`estimate_s`), or single pages would make requests admitted before them late
+                (503 ``engine-promised``: :meth:`_keep_promises`).
         """
         lane = self.lanes[terms.lane]
         priority = terms.order

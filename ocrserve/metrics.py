@@ -62,6 +62,13 @@ ADMITTED_DEADLINE_MISSES = Counter(
     "Requests admitted with a deadline that still passed before they finished (the estimate was wrong).",
     ["lane"],
 )
+ADMISSION_EVIDENCE_WAIT_SECONDS = Histogram(
+    "ocrserve_admission_evidence_wait_seconds",
+    "Seconds a request waited at admission for finished pages to narrow the cost model's margin for what it has "
+    "not seen (router.evidence_wait_s), before it was admitted or refused.",
+    ["lane"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30),
+)
 QUEUE_WAIT_SECONDS = Histogram(
     "ocrserve_queue_wait_seconds",
     "Seconds a page waited in its lane for an engine slot.",

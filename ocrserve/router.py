@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from ocrserve import metrics
-from ocrserve.alarm import Alarm
+from ocrserve.alarm import Alarm, within
 from ocrserve.config import LaneConfig, RouterConfig
 from ocrserve.engines.base import Engine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
@@ -74,6 +74,9 @@ BACKGROUND_SHARE = 0.1
 #: ``unlv_8071_093.3B.tif`` 2,994, ``multicol_05.jpg`` 2,961; ``phototest.tif`` 778), so that a
 #: first burst is priced as if its pages were full of text.
 PRIOR_MARKS_PER_MPX = 3000.0
+#: The most of its seconds left a request may wait at admission for evidence
+#: (``router.evidence_wait_s``, :meth:`Router._await_evidence`).
+EVIDENCE_WAIT_SHARE = 0.2
 
 
 @dataclass(eq=False)
@@ -144,6 +147,24 @@ class Promise:
 
     deadline: Deadline
     slack_s: float
+
+
+@dataclass(eq=False)
+class Awaiting:
+    """A request waiting at admission for evidence (:meth:`Router._await_evidence`): its work counts
+    ahead of the requests that arrive after it.
+
+    Attributes:
+        lane: its lane's name.
+        priority: its order in the lane.
+        work: its pages' expected work.
+        arrival: its number in the order requests came to admission.
+    """
+
+    lane: str
+    priority: int
+    work: Work
+    arrival: int
 
 
 class Lane:
@@ -345,6 +366,9 @@ class Router:
         self.clock = ShareClock()  # the engine's seconds as the pages in it share them
         self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
         self._promises: list[Promise] = []  # admitted requests single pages overtake, with deadlines
+        self._arrivals = itertools.count()  # requests in the order they came to admission
+        self._awaiting: list[Awaiting] = []  # requests waiting for evidence
+        self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -446,7 +470,8 @@ class Router:
         ``queue_pages`` and the request's estimate, so a flood of documents cannot shut a single
         page out. The estimate prices the request's ``work`` (:meth:`request_work`; where not
         given, its pages at the average page's); a ``terms.deadline`` that its bound
-        (:meth:`bound_s`) passes is refused now.
+        (:meth:`bound_s`) passes is refused now, or where only the cost model's margin for what it
+        has not seen passes it, after waiting for evidence (:meth:`_await_evidence`).
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).
@@ -457,11 +482,15 @@ class Router:
         """
         lane = self.lanes[terms.lane]
         priority = terms.order
+        arrival = next(self._arrivals)
         self._check_room(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         work = work or self.request_work(None, pages)
         bursting = terms.bursts and self.bursts
-        alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client)
+        if wait_s := self._evidence_wait_s(lane, terms, bursting):
+            await self._await_evidence(lane, terms, work, arrival, wait_s)
+            self._check_room(lane, pages, priority)
+        alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client, arrival)
         estimate = alone + beside_single_pages
         bound = self._bound(estimate, self.own_s(work))
         if terms.deadline is not None:
@@ -529,7 +558,8 @@ class Router:
         (:meth:`~ocrserve.preprocess.Preprocessor.previews`, up to 0.3 s a page in a decoding
         process), after refusing now, as :meth:`admit` would, what no marks could save: ``pages``
         the lane's queue cannot take, or a deadline that they overrun were they the ``least`` work
-        they can be (their pixels without marks). The hold is its pages at that least work, in the
+        they can be (their pixels without marks; without the margin for the unseen where
+        :meth:`admit` would wait for evidence). The hold is its pages at that least work, in the
         lane's queue until the block exits, so that requests arriving meanwhile count it ahead of
         them; :meth:`admit` (called once the block has exited) replaces it with the priced request.
         Without the hold, ten 4-page documents sent at once were all previewed before any was
@@ -541,8 +571,10 @@ class Router:
         lane = self.lanes[terms.lane]
         self._check_room(lane, pages, terms.order)
         if terms.deadline is not None:
-            estimate = self.estimate_s(lane, least, terms.order, terms.bursts and self.bursts, terms.client)
-            self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, self.own_s(least)))
+            bursting = terms.bursts and self.bursts
+            estimate = self.estimate_s(lane, least, terms.order, bursting, terms.client)
+            margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
+            self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, self.own_s(least), margin))
         lane.reserve(terms.order, pages, least)
         try:
             yield
@@ -612,18 +644,74 @@ class Router:
         return sum(self._estimate(lane, work, priority, bursts, client))
 
     def _estimate(
-        self, lane: Lane, work: Work, priority: int | None, bursts: bool, client: str | None
+        self, lane: Lane, work: Work, priority: int | None, bursts: bool, client: str | None, arrival: int | None = None
     ) -> tuple[float, float]:
         """:meth:`estimate_s` in two parts: the seconds without single pages, and what the single
-        pages expected beside it add (0 for a request that ``bursts``)."""
+        pages expected beside it add (0 for a request that ``bursts``). The requests waiting for
+        evidence count ahead of it (those that came before ``arrival``, where given)."""
         fast = self.lanes[FAST]
-        ahead = lane.work_ahead(priority) + (fast.work_ahead(None) if lane.name == BULK else NO_WORK)
+        ahead = lane.work_ahead(priority) + self._awaited(lane.name, priority, arrival)
+        if lane.name == BULK:
+            ahead += fast.work_ahead(None) + self._awaited(FAST, None, arrival)
         in_engine = self.in_engine_s(bursting_only=bursts)
         seconds = self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
         if bursts:
             return seconds, 0.0
         busy = self.interactive.fraction(excluding=client)
         return seconds, (seconds - self.inside_s()) * (1 / (1 - busy + busy * BACKGROUND_SHARE) - 1)
+
+    def _awaited(self, lane: str, priority: int | None, arrival: int | None) -> Work:
+        """The work of the requests waiting for evidence in ``lane`` that go before a request of
+        ``priority`` (as :meth:`Lane.work_ahead`) and came before ``arrival`` (None: all)."""
+        return sum(
+            (
+                a.work
+                for a in self._awaiting
+                if a.lane == lane
+                and (priority is None or a.priority <= priority)
+                and (arrival is None or a.arrival < arrival)
+            ),
+            NO_WORK,
+        )
+
+    def _evidence_wait_s(self, lane: Lane, terms: Terms, bursting: bool) -> float:
+        """How long a request may wait for evidence (:meth:`_await_evidence`): while the cost
+        model is warming, ``router.evidence_wait_s`` and at most :data:`EVIDENCE_WAIT_SHARE` of its
+        seconds left; 0 for a single page that bursts or a request held to the fast lane's latency
+        target (both would rather be refused at once) and one without a deadline."""
+        if bursting or terms.deadline is None or not self.service.warming:
+            return 0.0
+        if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
+            return 0.0
+        return min(self.cfg.evidence_wait_s, EVIDENCE_WAIT_SHARE * max(0.0, terms.deadline.left()))
+
+    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> None:
+        """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's margin for what it
+        has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`) would refuse a
+        request: each page that finishes narrows the margin and shortens the work ahead, so the
+        request is then priced again. Returns once its bound (:meth:`bound_s`) fits its deadline,
+        once even the bound without the margin does not, once the model is warm, or when the time
+        is up; :meth:`admit` then admits or refuses it. Meanwhile its work counts ahead of the
+        requests that arrive after it. A first burst arrives before any page has finished: without
+        the wait it was priced on the margin alone, and a fresh gateway admitted 4 of 12 2-page
+        receipts that a warm one admitted 10 of, with no request late in either."""
+        started = time.monotonic()
+        until = started + wait_s
+        awaiting = Awaiting(lane.name, terms.order, work, arrival)
+        self._awaiting.append(awaiting)
+        try:
+            while self.service.warming and (wait := until - time.monotonic()) > 0:
+                estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival))
+                own, left = self.own_s(work), terms.deadline.left()
+                if self._bound(estimate, own) <= left or self._bound(estimate, own, margin=False) > left:
+                    break
+                evidence = self._evidence
+                with contextlib.suppress(TimeoutError):
+                    await within(evidence.wait(), wait)
+        finally:
+            self._awaiting.remove(awaiting)
+        if (waited := time.monotonic() - started) > 1e-3:
+            metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
 
     def in_engine_s(self, bursting_only: bool = False) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
@@ -647,16 +735,17 @@ class Router:
         :meth:`upper_factor`, its own part times the over-runs seen (:meth:`_bound`)."""
         return self._bound(self.estimate_s(lane, work, priority, bursts), self.own_s(work))
 
-    def _bound(self, estimate: float, own: float) -> float:
+    def _bound(self, estimate: float, own: float, margin: bool = True) -> float:
         """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``: the work ahead
-        times :meth:`upper_factor`, its own times what evidence says of over-runs alone
-        (:meth:`~ocrserve.servicetime.ServiceTime.over_run`, or the pages in the engine's
-        :meth:`slowdown`), without the prior's margin, so that an idle engine admits what it did.
-        Its own part at its mean let a 2-page dense document in at 43 s of a 45 s deadline, and
-        answered it 504 on a machine whose other core was taken."""
+        times :meth:`upper_factor` (without the prior's margin unless ``margin``), its own times
+        what evidence says of over-runs alone (:meth:`~ocrserve.servicetime.ServiceTime.over_run`,
+        or the pages in the engine's :meth:`slowdown`), without the prior's margin, so that an idle
+        engine admits what it did. Its own part at its mean let a 2-page dense document in at 43 s
+        of a 45 s deadline, and answered it 504 on a machine whose other core was taken."""
         slowdown = self.slowdown()
         own_factor = max(self.service.over_run(), slowdown)
-        return own * own_factor + (estimate - own) * max(self.service.upper_factor(), slowdown)
+        ahead_factor = max(self.service.upper_factor(), slowdown) if margin else own_factor
+        return own * own_factor + (estimate - own) * ahead_factor
 
     def inside_s(self) -> float:
         """Seconds until the engine has started what others queued inside it (vLLM's waiting
@@ -871,6 +960,8 @@ class Router:
             ticket.lane.record_done(now, now - ticket.enqueued)
         if ticket.answered:  # an engine's error (vLLM's 400 for a page over max_model_len) comes at once
             self.service.record(ticket.work, share)
+            self._evidence.set()
+            self._evidence = asyncio.Event()
             if self.limiter:
                 self.limiter.record(now - ticket.started)
                 metrics.CONCURRENCY_LIMIT.set(self.limit)

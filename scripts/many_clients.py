@@ -8,7 +8,9 @@ timeout) and when; how many were refused at once (503 or 429), whether all of th
 ``Retry-After`` and how fast the slowest came; how many were late (accepted then 504, a 200 after
 the timeout, or any other 5xx); and the pages completed in time in the window (from the burst to
 the last answer) against what the engine alone does in as long (one client posting the same
-document back to back for min(timeout, 30) s).
+document back to back for min(timeout, 30) s), and against the whole documents the engine alone
+would finish within the timeout taking the burst's one after another (a document that takes it
+28 s, one of them in 45 s, where the first figure counts 1.6).
 
 ``matrix``: ``documents`` for each mix of ``--mixes``, on a quiet machine and with ``--hog-cores``
 busy, cold and warm, each case on a fresh gateway; a line as each case ends, then a markdown table.
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -141,6 +144,7 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
         "late_5xx": sum(o.status >= 500 and o.status not in (503, 504) for o in outcomes),
     }
     alone = rate * window
+    in_time_alone = min(len(outcomes), math.floor(timeout * rate / pages)) * pages if rate else 0
     return {
         "requests": len(outcomes),
         "accepted": len(in_time) + sum(late.values()),
@@ -159,6 +163,8 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
         "pages_done": len(in_time) * pages,
         "engine_alone_pages": round(alone, 1),
         "pages_done_pct": round(100 * len(in_time) * pages / alone, 1) if alone else None,
+        "engine_alone_in_time_pages": in_time_alone,
+        "in_time_pct": round(100 * len(in_time) * pages / in_time_alone, 1) if in_time_alone else None,
     }
 
 
@@ -223,6 +229,13 @@ def pages_cell(case: dict) -> str:
     return f"{case['pages_done']} / {case['engine_alone_pages']:.0f} ({pct})"
 
 
+def in_time_cell(case: dict) -> str:
+    """``20 / 24 (83%)``: pages done in time against the whole documents' pages the engine alone
+    would finish in time."""
+    pct = "-" if case["in_time_pct"] is None else f"{case['in_time_pct']:.0f}%"
+    return f"{case['pages_done']} / {case['engine_alone_in_time_pages']} ({pct})"
+
+
 def alone_cell(case: dict) -> str:
     """``2 documents, all 200`` or ``1 document, 504: 1``: the engine-alone measurement's answers."""
     statuses = case["engine_alone_statuses"]
@@ -253,7 +266,9 @@ def print_documents(case: dict, mix: PageMix) -> None:
         print(f"  other 4xx: {case['other_4xx']}, no answer: {case['no_answer']}")
     print(
         f"  pages completed in time in the {case['window_s']:.0f} s window: {case['pages_done']}, the engine "
-        f"alone would do {case['engine_alone_pages']:.0f} ({pages_cell(case).split('(')[-1][:-1]})"
+        f"alone would do {case['engine_alone_pages']:.0f} ({pages_cell(case).split('(')[-1][:-1]}); whole "
+        f"documents it would finish in time: {case['engine_alone_in_time_pages']} pages "
+        f"({in_time_cell(case).split('(')[-1][:-1]})"
     )
 
 
@@ -280,7 +295,8 @@ def matrix(args: argparse.Namespace, mixes: list[PageMix]) -> None:
         print(
             f"[{i}/{len(cases)} at {time.monotonic() - began:.0f} s] {mix.name} | {machine(hog)} | {start}: "
             f"accepted {case['accepted']}, in time {case['completed_in_time']}, refused {refused_cell(case)}, "
-            f"late {case['late']}, pages {pages_cell(case)}; engine alone: {alone_cell(case)}",
+            f"late {case['late']}, pages {pages_cell(case)}, in time {in_time_cell(case)}; engine alone: "
+            f"{alone_cell(case)}",
             flush=True,
         )
     print()
@@ -291,13 +307,13 @@ def table(rows: list[dict]) -> str:
     """The matrix as a markdown table, one row per case."""
     lines = [
         "| mix | machine | start | accepted | completed in time | refused (Retry-After) | late | "
-        "pages done / engine alone (%) |",
-        "|---|---|---|---|---|---|---|---|",
+        "pages done / engine alone (%) | pages done / engine alone's whole documents in time (%) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['mix']} | {machine(r['hog'])} | {r['start']} | {r['accepted']} | {r['completed_in_time']} | "
-            f"{refused_cell(r)} | {r['late']} | {pages_cell(r)} |"
+            f"{refused_cell(r)} | {r['late']} | {pages_cell(r)} | {in_time_cell(r)} |"
         )
     return "\n".join(lines)
 

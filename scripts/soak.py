@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -65,6 +66,8 @@ REJECTIONS = {429, 503}
 #: Job states after which a job changes no more.
 JOB_TERMINAL = {"succeeded", "failed", "partial", "cancelled"}
 MIB = 1 << 20
+#: How a 503 ``latency-target`` names the target it applied (``Router._check_latency_target``).
+LATENCY_TARGET = re.compile(r"above its latency target of ([0-9.]+) s")
 
 
 @dataclass
@@ -80,11 +83,15 @@ class Lane:
     rejected: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)
+    targets_s: list[float] = field(default_factory=list)  # latency targets named by its refusals
 
     def reject(self, response: httpx.Response) -> None:
-        """Count a refusal by its status and whether it said when to retry."""
+        """Count a refusal by its status and whether it said when to retry, and keep the latency
+        target it names (a 503 ``latency-target``: the target for this very request)."""
         retry = "with Retry-After" if "retry-after" in response.headers else "WITHOUT Retry-After"
         self.rejected[f"{response.status_code} {retry}"] += 1
+        if target := LATENCY_TARGET.search(problem_text(response)):
+            self.targets_s.append(float(target.group(1)))
 
     def fail(self, reason: str) -> None:
         """Count a failure of accepted work (or of the transport) by its reason."""
@@ -102,6 +109,7 @@ class Lane:
             "failures": dict(self.failures),
             "latency_p50_s": percentile(self.latencies_s, 50),
             "latency_p95_s": percentile(self.latencies_s, 95),
+            "latency_targets_s": sorted(set(self.targets_s)),
         }
 
 
@@ -417,6 +425,12 @@ def report(figures: dict, console: Console) -> None:
         + (f"{target:.2f} s" if target is not None else "none")
         + f"; admission's upper factor {figures['upper_factor_at_load_end']:.2f}"
     )
+    if targets := figures["lanes"]["fast"]["latency_targets_s"]:
+        console.print(
+            "the latency target its refusals named for the fast page: "
+            + ", ".join(f"{t:g} s" for t in targets)
+            + f"; its p95 {figures['lanes']['fast']['latency_p95_s']:.2f} s"
+        )
     memory = Table(title="RSS, MiB (start: after the warm-up; trend: the load's last quarter over its first)")
     for column in ("process", "start", "peak", "end", "growth", "trend under load"):
         memory.add_column(column)

@@ -32,6 +32,8 @@ def test_a_burst_is_counted_by_what_each_client_got():
     assert (figures["other_4xx"], figures["no_answer"]) == (1, 1)
     assert figures["pages_done"] == 2 and figures["engine_alone_pages"] == 30.5
     assert figures["pages_done_pct"] == pytest.approx(6.6)
+    # the engine alone takes 4 s a document: 8 documents' pages would be done within the 60 s, had 8 been sent
+    assert figures["engine_alone_in_time_pages"] == 16 and figures["in_time_pct"] == pytest.approx(12.5)
 
 
 def test_the_matrix_table_has_a_row_per_case():
@@ -39,7 +41,7 @@ def test_the_matrix_table_has_a_row_per_case():
     row = {"mix": "receipts", "hog": 1, "start": "cold", **case}
     lines = many_clients.table([row]).splitlines()
     assert lines[0].startswith("| mix | machine | start | accepted |")
-    assert lines[2] == "| receipts | hog 1 | cold | 1 | 1 | 1 (all) | 0 | 2 / 5 (40%) |"
+    assert lines[2] == "| receipts | hog 1 | cold | 1 | 1 | 1 (all) | 0 | 2 / 5 (40%) | 2 / 4 (50%) |"
 
 
 def test_the_hog_stops_however_the_block_is_left():

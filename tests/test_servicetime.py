@@ -51,9 +51,9 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 2 until 16 pages were seen after the first
-    three (a fit of fewer is underdetermined), then the 0.9 quantile of how far pages ran over their
-    prediction; pages slower than predicted widen it."""
+    """The factor admission multiplies its estimates by: 2 before any page was seen after the first
+    three (a fit of fewer is underdetermined), shrinking to 1 at 16, then the 0.9 quantile of how
+    far pages ran over their prediction; pages slower than predicted widen it."""
     model = ServiceTime(initial_s=1.0)
     assert model.upper_factor() == PRIOR_FACTOR == 2.0
     for _ in range(FIT_PAGES + ENOUGH_PAGES):
@@ -68,13 +68,27 @@ def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
 
 def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_seen():
     """Among the first pages, one that ran 9 times over its prediction (a kind the fit had not seen)
-    leaves the factor at the prior's 2: the median of few ratios, not their largest, counts."""
+    leaves the factor at the prior's margin: the median of few ratios, not their largest, counts."""
     model = ServiceTime(initial_s=1.0)
     for seconds in [1.0] * FIT_PAGES + [9.0, 1.0, 1.0, 1.0, 1.0]:
         model.record(page(1, 1), seconds)
     assert max(model.ratios) > 5
     assert model.over_run() == pytest.approx(1.0, abs=0.2)
-    assert model.upper_factor() == PRIOR_FACTOR
+    assert model.upper_factor() == model.prior_margin() == pytest.approx(1 + 11 / 16)
+
+
+def test_the_margin_for_the_unseen_shrinks_as_pages_are_seen():
+    """2 before any ratio is kept, 1.5 at half of ENOUGH_PAGES, 1 from there on; the model is warm
+    (no margin) once ENOUGH_PAGES ratios are kept."""
+    model = ServiceTime(initial_s=1.0)
+    margins = []
+    for _ in range(FIT_PAGES + ENOUGH_PAGES):
+        margins.append(model.prior_margin())
+        model.record(page(1, 1), 0.5)
+    assert margins[: FIT_PAGES + 1] == [PRIOR_FACTOR] * (FIT_PAGES + 1)
+    assert margins[FIT_PAGES + ENOUGH_PAGES // 2] == pytest.approx(1.5)
+    assert margins == sorted(margins, reverse=True) and model.warming is False
+    assert model.prior_margin() == 1.0
 
 
 def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monkeypatch):

@@ -74,16 +74,16 @@ class Line:
 class PageResult:
     """What an engine returns for one page (see the result JSON in DESIGN.md).
 
-        ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
-        VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
-        ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
-        ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
-        ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
-        (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
-        how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
-        ``source`` says where the text came from: ``ocr``, the PDF's ``text_layer``, or ``blank`` (a page
-    with no ink, not read); ``markup`` what
-        ``text`` is written in: ``text`` (plain), or the ``markdown`` or ``html`` a VLM was asked for.
+    ``timings`` holds seconds only (their sum is the page's ``engine_s``); ``generation``, from a
+    VLM engine, says how the reply ended: ``finish_reason`` (``stop``, ``length``, ``time``,
+    ``repetition``: which guard fired); ``transformers`` adds token counts and tokens/s, ``vllm``
+    ``truncated`` and ``retried`` (a ``length`` cut is retried once with a stronger guard).
+    ``blocks`` are the page's blocks in reading order (:mod:`ocrserve.layout`): each its ``box``
+    (``[x0, y0, x1, y1]``, client pixels) and ``lines`` (indices into ``lines``); ``rotation`` is
+    how far the page's text was turned clockwise (degrees), ``skew_deg`` the skew read through;
+    ``source`` says where the text came from: ``ocr``, the PDF's ``text_layer``, or ``blank`` (a
+    page with no ink, not read); ``markup`` what ``text`` is written in: ``text`` (plain), or the
+    ``markdown`` or ``html`` a VLM was asked for.
     """
 
     index: int

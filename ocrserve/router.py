@@ -492,7 +492,7 @@ class Router:
             self._check_room(lane, pages, priority)
         alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client, arrival)
         estimate = alone + beside_single_pages
-        bound = self._bound(estimate, self.own_s(work))
+        bound = self._bound(estimate, work, self._pages_ahead(lane, priority, bursting, arrival))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
@@ -574,7 +574,8 @@ class Router:
             bursting = terms.bursts and self.bursts
             estimate = self.estimate_s(lane, least, terms.order, bursting, terms.client)
             margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
-            self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, self.own_s(least), margin))
+            ahead = self._pages_ahead(lane, terms.order, bursting)
+            self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, least, ahead, margin))
         lane.reserve(terms.order, pages, least)
         try:
             yield
@@ -649,16 +650,28 @@ class Router:
         """:meth:`estimate_s` in two parts: the seconds without single pages, and what the single
         pages expected beside it add (0 for a request that ``bursts``). The requests waiting for
         evidence count ahead of it (those that came before ``arrival``, where given)."""
-        fast = self.lanes[FAST]
-        ahead = lane.work_ahead(priority) + self._awaited(lane.name, priority, arrival)
-        if lane.name == BULK:
-            ahead += fast.work_ahead(None) + self._awaited(FAST, None, arrival)
         in_engine = self.in_engine_s(bursting_only=bursts)
+        ahead = self._work_ahead(lane, priority, arrival)
         seconds = self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
         if bursts:
             return seconds, 0.0
         busy = self.interactive.fraction(excluding=client)
         return seconds, (seconds - self.inside_s()) * (1 / (1 - busy + busy * BACKGROUND_SHARE) - 1)
+
+    def _work_ahead(self, lane: Lane, priority: int | None, arrival: int | None = None) -> Work:
+        """The work queued ahead of a request of ``priority`` in ``lane`` (:meth:`Lane.work_ahead`;
+        for bulk the fast lane's too), with the requests waiting for evidence that came before
+        ``arrival`` (None: all)."""
+        ahead = lane.work_ahead(priority) + self._awaited(lane.name, priority, arrival)
+        if lane.name == BULK:
+            ahead += self.lanes[FAST].work_ahead(None) + self._awaited(FAST, None, arrival)
+        return ahead
+
+    def _pages_ahead(self, lane: Lane, priority: int | None, bursts: bool, arrival: int | None = None) -> float:
+        """The pages queued ahead of a request (:meth:`_work_ahead`) and in the engine (those that
+        burst, for a request that ``bursts``)."""
+        in_engine = sum(1 for t in self._running.values() if t.terms.bursts or not bursts)
+        return self._work_ahead(lane, priority, arrival).pages + in_engine
 
     def _awaited(self, lane: str, priority: int | None, arrival: int | None) -> Work:
         """The work of the requests waiting for evidence in ``lane`` that go before a request of
@@ -686,12 +699,14 @@ class Router:
         return min(self.cfg.evidence_wait_s, EVIDENCE_WAIT_SHARE * max(0.0, terms.deadline.left()))
 
     async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> None:
-        """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's margin for what it
-        has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`) would refuse a
-        request: each page that finishes narrows the margin and shortens the work ahead, so the
-        request is then priced again. Returns once its bound (:meth:`bound_s`) fits its deadline,
-        once even the bound without the margin does not, once the model is warm, or when the time
-        is up; :meth:`admit` then admits or refuses it. Meanwhile its work counts ahead of the
+        """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's
+        margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
+        would refuse a request: each page that finishes narrows the margin and shortens the work
+        ahead, so the request is then priced again. Returns once its bound (:meth:`bound_s`) fits
+        its deadline, once even the bound without the margin does not, once the model is warm, or
+        once no page is expected to finish before the time is up (:meth:`next_page_s`: two dense
+        pages that take 14 s each taught nothing in 5 s, and the documents refused after them
+        waited 6.4 s for it); :meth:`admit` then admits or refuses it. Meanwhile its work counts ahead of the
         requests that arrive after it. A first burst arrives before any page has finished: without
         the wait it was priced on the margin alone, and a fresh gateway admitted 4 of 12 2-page
         receipts that a warm one admitted 10 of, with no request late in either."""
@@ -700,10 +715,10 @@ class Router:
         awaiting = Awaiting(lane.name, terms.order, work, arrival)
         self._awaiting.append(awaiting)
         try:
-            while self.service.warming and (wait := until - time.monotonic()) > 0:
+            while self.service.warming and (wait := until - time.monotonic()) > self.next_page_s():
                 estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival))
-                own, left = self.own_s(work), terms.deadline.left()
-                if self._bound(estimate, own) <= left or self._bound(estimate, own, margin=False) > left:
+                ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
+                if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
                     break
                 evidence = self._evidence
                 with contextlib.suppress(TimeoutError):
@@ -712,6 +727,16 @@ class Router:
             self._awaiting.remove(awaiting)
         if (waited := time.monotonic() - started) > 1e-3:
             metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
+
+    def next_page_s(self) -> float:
+        """Seconds until a page is expected to finish: the page in the engine nearest its end (what
+        is left of its predicted share, in wall seconds beside the others), or with none in it, an
+        average page's (:attr:`mean_work`)."""
+        now = self.clock.now()
+        left = [max(0.0, t.predicted_s - (now - t.entered)) for t in self._running.values()]
+        if left:
+            return min(left) * max(1, self.clock.pages)
+        return self.service.seconds(self.mean_work)
 
     def in_engine_s(self, bursting_only: bool = False) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
@@ -733,19 +758,23 @@ class Router:
     def bound_s(self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False) -> float:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
         :meth:`upper_factor`, its own part times the over-runs seen (:meth:`_bound`)."""
-        return self._bound(self.estimate_s(lane, work, priority, bursts), self.own_s(work))
+        estimate = self.estimate_s(lane, work, priority, bursts)
+        return self._bound(estimate, work, self._pages_ahead(lane, priority, bursts))
 
-    def _bound(self, estimate: float, own: float, margin: bool = True) -> float:
-        """:meth:`bound_s` of an ``estimate`` whose request's own part is ``own``: the work ahead
-        times :meth:`upper_factor` (without the prior's margin unless ``margin``), its own times
-        what evidence says of over-runs alone (:meth:`~ocrserve.servicetime.ServiceTime.over_run`,
-        or the pages in the engine's :meth:`slowdown`), without the prior's margin, so that an idle
-        engine admits what it did. Its own part at its mean let a 2-page dense document in at 43 s
-        of a 45 s deadline, and answered it 504 on a machine whose other core was taken."""
-        slowdown = self.slowdown()
-        own_factor = max(self.service.over_run(), slowdown)
-        ahead_factor = max(self.service.upper_factor(), slowdown) if margin else own_factor
-        return own * own_factor + (estimate - own) * ahead_factor
+    def _bound(self, estimate: float, work: Work, ahead: float, margin: bool = True) -> float:
+        """:meth:`bound_s` of an ``estimate`` of a request asking ``work`` behind ``ahead`` pages
+        (:meth:`_pages_ahead`): the work ahead times the service-time model's
+        :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` for that many pages (without the
+        prior's margin unless ``margin``), its own part (:meth:`own_s`) times what evidence says
+        of over-runs alone (:meth:`~ocrserve.servicetime.ServiceTime.over_run` of its pages),
+        without the prior's margin, so that an idle engine admits what it did; either at least
+        the pages in the engine's :meth:`slowdown`. Its own part at its mean let a 2-page dense
+        document in at 43 s of a 45 s deadline, and answered it 504 on a machine whose other core
+        was taken."""
+        slowdown, own = self.slowdown(), self.own_s(work)
+        own_factor = max(self.service.over_run(work.pages), slowdown)
+        ahead_factor = self.service.upper_factor(ahead) if margin else self.service.over_run(ahead)
+        return own * own_factor + (estimate - own) * max(ahead_factor, slowdown)
 
     def inside_s(self) -> float:
         """Seconds until the engine has started what others queued inside it (vLLM's waiting

@@ -23,9 +23,9 @@ Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each
 seconds over what the model predicted for it before it finished are kept (the last
 :data:`RATIOS_KEPT`; none for the first :data:`FIT_PAGES`, whose predictions are the prior's or an
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
-their :data:`UPPER_QUANTILE` quantile (their median until :data:`ENOUGH_PAGES` have been kept,
-and at least a margin for what the model has not seen, :data:`PRIOR_FACTOR` before any page,
-shrinking to 1 as those pages are kept): wide while the model knows little, tightening as evidence
+their :data:`UPPER_QUANTILE` quantile, drawn towards their median for many pages together (their
+median, and at least a margin for what the model has not seen, :data:`PRIOR_FACTOR`, until
+:data:`ENOUGH_PAGES` have been kept): wide while the model knows little, tightening as evidence
 comes, and widening again when recent pages run slower than predicted (a busy machine, pages of a
 kind it has not seen).
 """
@@ -55,11 +55,9 @@ UPPER_QUANTILE = 0.9
 #: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
 #: largest few, which says little).
 ENOUGH_PAGES = 16
-#: The factor before any ratio is kept (:meth:`ServiceTime.prior_margin`, which shrinks it to 1 by
-#: :data:`ENOUGH_PAGES`): the service-time model of a fresh gateway was off by up to 2x on pages
-#: unlike its calibration pages (a dense scan against the letter page). Once a page of a kind has
-#: finished the fit has learned it: on the corpus, after one dense page ran 9.1 times over a fit
-#: that had seen no marks, the next four ran within 0.77-1.15 of their predictions.
+#: The factor until then (:meth:`ServiceTime.prior_margin`): the service-time model of a fresh
+#: gateway was off by up to 2x on pages unlike its calibration pages (a dense scan against the
+#: letter page).
 PRIOR_FACTOR = 2.0
 #: Units of the features: megapixels and thousands of marks keep the fit's numbers near 1.
 PIXEL_UNIT, MARK_UNIT = 1e6, 1e3
@@ -186,18 +184,26 @@ class ServiceTime:
         millisecond a page."""
         return max(float(self._coefficients @ work.features()), 1e-3 * work.pages)
 
-    def over_run(self) -> float:
-        """How far pages run over their prediction: a quantile (nearest rank) of the recent actual /
-        predicted ratios, at least 1 (1 before any): :data:`UPPER_QUANTILE` once there are
-        :data:`ENOUGH_PAGES`, the median before. The 0.9 quantile of fewer is the largest or the
-        next: on the corpus, one dense page among the first light ones ran 9.1 times over a fit that
-        had seen no marks, the fit then learned it (the next four within 0.77-1.15), and that one
-        page held a fresh gateway's bounds at 9 times its estimates."""
+    def over_run(self, pages: float = 1.0) -> float:
+        """How far ``pages`` pages together run over their prediction, from the recent actual /
+        predicted ratios (nearest rank), at least 1 (1 before any): their median, and once there
+        are :data:`ENOUGH_PAGES`, the :data:`UPPER_QUANTILE` quantile's distance above it over
+        ``sqrt(pages)``. What moves every page (a busy machine, pages of a kind the fit has not
+        learned) moves the median; what is one page's own (its text, how long it shared the
+        engine's cores with which others) averages out over a sum of pages, whose spread shrinks
+        as ``1 / sqrt(pages)`` (the central limit theorem), so one page's quantile would price
+        the 20 pages ahead of a request as if each ran late. The 0.9 quantile of fewer ratios is
+        the largest or the next: on the corpus, one dense page among the first light ones ran 9.1
+        times over a fit that had seen no marks, the fit then learned it (the next four within
+        0.77-1.15), and that one page held a fresh gateway's bounds at 9 times its estimates."""
         ranked = sorted(self.ratios)
         if not ranked:
             return 1.0
-        quantile = UPPER_QUANTILE if len(ranked) >= ENOUGH_PAGES else 0.5
-        return max(1.0, ranked[max(0, math.ceil(quantile * len(ranked)) - 1)])
+        median = ranked[max(0, math.ceil(0.5 * len(ranked)) - 1)]
+        if len(ranked) < ENOUGH_PAGES:
+            return max(1.0, median)
+        upper = ranked[max(0, math.ceil(UPPER_QUANTILE * len(ranked)) - 1)]
+        return max(1.0, median + (upper - median) / math.sqrt(max(1.0, pages)))
 
     @property
     def warming(self) -> bool:
@@ -205,11 +211,13 @@ class ServiceTime:
         return len(self.ratios) < ENOUGH_PAGES
 
     def prior_margin(self) -> float:
-        """The margin for what the model has not seen: :data:`PRIOR_FACTOR` before any ratio is kept,
-        shrinking linearly to 1 at :data:`ENOUGH_PAGES`, where the ratios' own quantile takes over."""
-        return 1 + (PRIOR_FACTOR - 1) * max(0.0, 1 - len(self.ratios) / ENOUGH_PAGES)
+        """The margin for what the model has not seen: :data:`PRIOR_FACTOR` while :attr:`warming`,
+        then 1 (the ratios' own quantile takes over). Shrinking it linearly to 1 over those pages
+        instead let a 2-page document of scans in at a margin of 1.6 after six pages, on a machine
+        with a core kept busy, and it was answered 504."""
+        return PRIOR_FACTOR if self.warming else 1.0
 
-    def upper_factor(self) -> float:
-        """What admission multiplies an estimate by (module docstring): :meth:`over_run`, and at
-        least :meth:`prior_margin`."""
-        return max(self.prior_margin(), self.over_run())
+    def upper_factor(self, pages: float = 1.0) -> float:
+        """What admission multiplies an estimate of ``pages`` pages by (module docstring):
+        :meth:`over_run`, and at least :meth:`prior_margin`."""
+        return max(self.prior_margin(), self.over_run(pages))

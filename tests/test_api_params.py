@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import time
 from pathlib import Path
 from typing import get_args
 
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 import ocrserve.api
 from ocrserve.api.app import create_app
-from ocrserve.api.params import Format
+from ocrserve.api.params import Format, OcrParams
 from ocrserve.config import load_config
 from ocrserve.formats import FORMATS
 from tests.conftest import DATA
@@ -153,3 +154,11 @@ def test_api_modules_import_each_other_without_cycles_at_the_top():
         assert not nested, f"{path.name}:{nested[0].lineno}: function-local import"
     graph.pop("ocrserve.api.__init__")
     tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+
+
+def test_a_timeout_runs_from_when_the_request_arrived():
+    """The deadline counts the seconds before the upload was read, as the client's clock does."""
+    arrived = time.monotonic() - 2.0
+    assert OcrParams(timeout=10).work_item(arrived).deadline.left() == pytest.approx(8.0, abs=0.1)
+    assert OcrParams(timeout=10).work_item().deadline.left() == pytest.approx(10.0, abs=0.1)
+    assert OcrParams().work_item(arrived).deadline is None

@@ -271,25 +271,27 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
 
 
 async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_to_finish(make_router):
-    """On a fresh router (nothing measured: 5 s a page, the margin for the unseen 2) a 1-page bulk
-    request with 20 s left behind a page in the engine and one queued is priced at about 15 s and
-    bound at about 25: without ``router.evidence_wait_s`` it is refused at once; with it, it waits
-    (counting ahead of requests that arrive meanwhile) until the real pages, far faster than 5 s,
-    have finished and taught the model, and is then admitted. A request that even the bound
+    """On a fresh router (nothing measured: 2 s a page, the margin for the unseen 2) a 1-page bulk
+    request behind a page in the engine and three queued is priced at about 10 s and bound at about
+    18; with 14 s left, without ``router.evidence_wait_s`` it is refused at once; with it, it
+    waits (counting ahead of requests that arrive meanwhile) until the real pages, far faster than
+    2 s, have finished and taught the model, and is then admitted. A request that even the bound
     without the margin overruns is refused at once."""
     for wait_s in (0.0, 5.0):
-        router = make_router(initial_page_s=5.0, evidence_wait_s=wait_s)
+        router = make_router(initial_page_s=2.0, evidence_wait_s=wait_s)
         bulk = router.lanes[BULK]
-        queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(2)]
-        await wait_until(lambda: router.in_flight == 1 and bulk.reserved == 1)  # noqa: B023 (awaited here)
+        queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
+        await wait_until(lambda: router.in_flight == 1 and bulk.reserved == 3)  # noqa: B023 (awaited here)
         page = router.request_work([(640, 480)], 1, [239])
         estimate = router.estimate_s(bulk, page)
-        assert router.service.warming and 10 < estimate <= 15
-        assert router.bound_s(bulk, page) > 20 > router._bound(estimate, router.own_s(page), margin=False)
+        assert router.service.warming and 8 < estimate <= 10
+        without_margin = router._bound(estimate, page, router._pages_ahead(bulk, None, False), False)
+        assert router.bound_s(bulk, page) > 16 > 14 > without_margin
         with pytest.raises(Overloaded, match="would be ahead of and in it"):
             async with router.admit(terms(router, BULK, deadline=Deadline.after(estimate / 2)), 1, work=page):
                 pass  # hopeless even without the margin: at once, however long it may wait
-        request = terms(router, BULK, deadline=Deadline.after(20))
+        request = terms(router, BULK, deadline=Deadline.after(14))
+        assert router.next_page_s() < 0.2 * 14  # a page is expected to finish within the wait
         started = time.monotonic()
         if not wait_s:
             with pytest.raises(Overloaded, match="would be ahead of and in it"):
@@ -303,8 +305,8 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             assert router.estimate_s(bulk, page) == pytest.approx(estimate + router.service.seconds(page), rel=0.05)
             reservation = await admission
             waited = time.monotonic() - started
-            assert reservation.pending == 1 and router.service.measured >= 1 and 0 < waited < 4
-            assert router.bound_s(bulk, page) < 20 - waited and not router._awaiting
+            assert reservation.pending == 1 and router.service.measured >= 1 and 0 < waited < 2.8
+            assert router.bound_s(bulk, page) < 14 - waited and not router._awaiting
             reservation.release(1)
         await asyncio.gather(*queued)
 

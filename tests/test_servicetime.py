@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from ocrserve.router import BusyWindow
@@ -51,16 +53,16 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 2 before any page was seen after the first
-    three (a fit of fewer is underdetermined), shrinking to 1 at 16, then the 0.9 quantile of how
-    far pages ran over their prediction; pages slower than predicted widen it."""
+    """The factor admission multiplies its estimates by: 2 until 16 pages were seen after the first
+    three (a fit of fewer is underdetermined), then the 0.9 quantile of how far pages ran over
+    their prediction; pages slower than predicted widen it."""
     model = ServiceTime(initial_s=1.0)
-    assert model.upper_factor() == PRIOR_FACTOR == 2.0
+    assert model.upper_factor() == PRIOR_FACTOR == 2.0 and model.warming
     for _ in range(FIT_PAGES + ENOUGH_PAGES):
         model.record(page(1, 1), 0.5)  # every page as predicted once the fit has one
     assert len(model.ratios) == ENOUGH_PAGES  # none against the prior of 1 s or a fit of fewer pages
     assert model.ratios[0] == pytest.approx(1.0, abs=0.05)
-    assert model.upper_factor() == pytest.approx(1.0, abs=0.05)
+    assert model.upper_factor() == pytest.approx(1.0, abs=0.05) and not model.warming
     for _ in range(8):  # a busy machine: pages now take three times their prediction
         model.record(page(1, 1), 3 * model.seconds(page(1, 1)))
     assert model.upper_factor() >= 2.5
@@ -74,21 +76,18 @@ def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_
         model.record(page(1, 1), seconds)
     assert max(model.ratios) > 5
     assert model.over_run() == pytest.approx(1.0, abs=0.2)
-    assert model.upper_factor() == model.prior_margin() == pytest.approx(1 + 11 / 16)
+    assert model.upper_factor() == model.prior_margin() == PRIOR_FACTOR
 
 
-def test_the_margin_for_the_unseen_shrinks_as_pages_are_seen():
-    """2 before any ratio is kept, 1.5 at half of ENOUGH_PAGES, 1 from there on; the model is warm
-    (no margin) once ENOUGH_PAGES ratios are kept."""
+def test_over_runs_of_many_pages_together_narrow_towards_the_median():
+    """Ratios spread 0.8-1.6 around a median of 1.0: one page is bound at their 0.9 quantile,
+    16 pages together a quarter of the way from the median to it (1 / sqrt(16))."""
     model = ServiceTime(initial_s=1.0)
-    margins = []
-    for _ in range(FIT_PAGES + ENOUGH_PAGES):
-        margins.append(model.prior_margin())
-        model.record(page(1, 1), 0.5)
-    assert margins[: FIT_PAGES + 1] == [PRIOR_FACTOR] * (FIT_PAGES + 1)
-    assert margins[FIT_PAGES + ENOUGH_PAGES // 2] == pytest.approx(1.5)
-    assert margins == sorted(margins, reverse=True) and model.warming is False
-    assert model.prior_margin() == 1.0
+    model.ratios.extend([0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6] * 2)
+    upper = sorted(model.ratios)[math.ceil(0.9 * 32) - 1]
+    assert model.over_run() == model.over_run(0.5) == model.upper_factor() == upper == 1.5
+    assert model.over_run(16) == pytest.approx(1.0 + (1.5 - 1.0) / 4)
+    assert model.upper_factor(4) == pytest.approx(1.25)
 
 
 def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monkeypatch):

@@ -108,7 +108,8 @@ async def ocr(
     require_ready(request)
     document = await document_file(request, file)
     client = client_of(request, request.app.state.config.router.fair_by)
-    work = request.app.state.service.ocr(document, pages=params.pages, work=replace(params.work_item(), client=client))
+    item = replace(params.work_item(request.state.arrived), client=client)
+    work = request.app.state.service.ocr(document, pages=params.pages, work=item)
     try:
         result, cached = await until_disconnect(request, work)
     except DeadlinePassed as late:

@@ -496,7 +496,7 @@ class Router:
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms.deadline, bound)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
-            self._check_latency_target(lane, work, bound)
+            self._check_latency_target(lane, work, bound, terms.arrived)
         if bursting:
             self._keep_promises(lane, work, terms.client)
         promise = None
@@ -818,11 +818,15 @@ class Router:
         idle_s = idle.seconds(work) / max(1.0, min(work.pages, self.limit))
         return self.cfg.fast.latency_target_multiple * idle_s
 
-    def _check_latency_target(self, lane: Lane, work: Work, bound: float) -> None:
+    def _check_latency_target(self, lane: Lane, work: Work, bound: float, arrived: float | None) -> None:
         """Refuse now a fast request without its own ``timeout`` that would not be done within the
-        lane's :meth:`latency_target_s` (``bound`` s: :meth:`bound_s`)."""
+        lane's :meth:`latency_target_s` of when it ``arrived`` (``time.monotonic()``; None: now):
+        the seconds it took to reach admission (its upload, inspection, previews) and ``bound``
+        more (:meth:`bound_s`). Without the seconds before admission, the fast lane of a soak at
+        twice its capacity answered at p95 6.54 s against a target of 6.1 s."""
         target = self.latency_target_s(work)
         pages = round(work.pages)
+        bound += time.monotonic() - arrived if arrived is not None else 0.0
         if bound <= target:
             return
         wait = max(1, math.ceil(bound - target))

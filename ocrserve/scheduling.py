@@ -47,6 +47,7 @@ class Terms:
         deadline: when its pages must be done, or None.
         deadline_is_clients: the deadline was the client's own, not the lane's default.
         client: whom the request is for (``router.fair_by``); ``""``: one shared client.
+        arrived: when the request arrived (``time.monotonic()``), or None (at admission).
     """
 
     lane: str
@@ -56,6 +57,7 @@ class Terms:
     deadline: Deadline | None = None
     deadline_is_clients: bool = False
     client: str = ""
+    arrived: float | None = None
 
 
 def choose_lane(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int) -> str:
@@ -87,6 +89,7 @@ def resolve(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int = 0) -> T
         deadline=deadline,
         deadline_is_clients=work.deadline is not None,
         client=work.client,
+        arrived=work.arrived,
     )
 
 

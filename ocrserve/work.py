@@ -118,9 +118,12 @@ class WorkItem:
             (``router.fast.max_pages``, ``router.fast.max_pixels``).
         client: whom the request is for (``router.fair_by``); its lane shares the engine between
             clients. ``""``: one shared client.
+        arrived: when the request arrived (``time.monotonic()``), or None where it is admitted
+            as it comes (a job's page).
     """
 
     deadline: Deadline | None = None
     priority: Priority | None = None
     lane: str | None = None
     client: str = ""
+    arrived: float | None = None

@@ -598,6 +598,14 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     assert "above its latency target of 1.5 s" in str(problem)
     async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
         assert reservation.pending == 1
+    # the target runs from the request's arrival: 1 s spent before admission leaves 0.5 s for 1 s of work
+    router = make_router(initial_page_s=1.0, fast={"latency_target_s": 1.5})
+    async with router.admit(terms(router, FAST), 1, visual_tokens=300):
+        pass
+    late_comer = dataclasses.replace(terms(router, FAST), arrived=time.monotonic() - 1.0)
+    with pytest.raises(Overloaded, match="in about 2.0 s, above its latency target of 1.5 s"):
+        async with router.admit(late_comer, 1, visual_tokens=300):
+            pass
     # with latency_target_multiple the target is that many times the request's time on an idle
     # engine (the calibration pages' fit; here none: the finished pages')
     settings = {"initial_page_s": 2.0, "fast": {"latency_target_multiple": 5}}

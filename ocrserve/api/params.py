@@ -187,9 +187,9 @@ class OcrParams:
         ``arrived`` (``time.monotonic()``; None: now), and the lane. From arrival, not from once
         the upload was read: a 2-page PDF of scans admitted beside a busy core was answered 200
         after its client's 45 s, within the 45 s the gateway had counted from later."""
-        if not self.timeout:
-            return WorkItem(lane=self.lane)
-        return WorkItem(deadline=Deadline((arrived or time.monotonic()) + self.timeout), lane=self.lane)
+        arrived = arrived or time.monotonic()
+        deadline = Deadline(arrived + self.timeout) if self.timeout else None
+        return WorkItem(deadline=deadline, lane=self.lane, arrived=arrived)
 
     def as_job(self) -> JobParams:
         """The same request as a job (``Prefer: respond-async``), which renders nothing."""

@@ -704,12 +704,13 @@ class Router:
         would refuse a request: each page that finishes narrows the margin and shortens the work
         ahead, so the request is then priced again. Returns once its bound (:meth:`bound_s`) fits
         its deadline, once even the bound without the margin does not, once the model is warm, or
-        once no page is expected to finish before the time is up (:meth:`next_page_s`: two dense
-        pages that take 14 s each taught nothing in 5 s, and the documents refused after them
-        waited 6.4 s for it); :meth:`admit` then admits or refuses it. Meanwhile its work counts ahead of the
-        requests that arrive after it. A first burst arrives before any page has finished: without
-        the wait it was priced on the margin alone, and a fresh gateway admitted 4 of 12 2-page
-        receipts that a warm one admitted 10 of, with no request late in either."""
+        once no page is expected to finish before the time is up (:meth:`next_page_s`, by the
+        model's own prediction: a fresh gateway's can be short of the truth, and behind dense
+        pages that took 14 s each, refusals still came after waits of up to 7.2 s); :meth:`admit`
+        then admits or refuses it. Meanwhile its work counts ahead of the requests that arrive
+        after it. A first burst arrives before any page has finished: without the wait it was
+        priced on the margin alone, and a fresh gateway admitted 4 of 12 2-page receipts that a
+        warm one admitted 10 of, with no request late in either."""
         started = time.monotonic()
         until = started + wait_s
         awaiting = Awaiting(lane.name, terms.order, work, arrival)

@@ -214,7 +214,7 @@ class ServiceTime:
         """The margin for what the model has not seen: :data:`PRIOR_FACTOR` while :attr:`warming`,
         then 1 (the ratios' own quantile takes over). Shrinking it linearly to 1 over those pages
         instead let a 2-page document of scans in at a margin of 1.6 after six pages, on a machine
-        with a core kept busy, and it was answered 504."""
+        with a core kept busy, and it was answered after its client's timeout."""
         return PRIOR_FACTOR if self.warming else 1.0
 
     def upper_factor(self, pages: float = 1.0) -> float:

@@ -56,6 +56,7 @@ import argparse
 import gc
 import inspect
 import json
+import os
 import platform
 import sys
 import time
@@ -781,7 +782,14 @@ def no_gpu(message: str) -> int:
 
 
 def _torch_and_device(args):
-    """``(torch, device)`` or an exit status after a one-line message."""
+    """``(torch, device)`` or an exit status after a one-line message.
+
+    PyTorch's allocator grows its segments in place (``expandable_segments``, unless
+    ``PYTORCH_CUDA_ALLOC_CONF`` says otherwise): with fixed segments, the blocks the encoder and
+    prefill steps left reserved were too fragmented for Qwen2.5-VL-7B's KV cache on an H200 (one
+    12.01 GiB tensor refused with 10.62 GiB reserved and free), and its KV cache and decode rows
+    went unmeasured."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:
         import torch
     except ImportError:

@@ -487,14 +487,15 @@ class Router:
         cost = self.request_cost(pages, visual_tokens)
         work = work or self.request_work(None, pages)
         bursting = terms.bursts and self.bursts
+        unlearned = 0.0
         if wait_s := self._evidence_wait_s(lane, terms, bursting):
-            await self._await_evidence(lane, terms, work, arrival, wait_s)
+            unlearned = await self._await_evidence(lane, terms, work, arrival, wait_s)
             self._check_room(lane, pages, priority)
         alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client, arrival)
         estimate = alone + beside_single_pages
-        bound = self._bound(estimate, work, self._pages_ahead(lane, priority, bursting, arrival))
+        bound = max(self._bound(estimate, work, self._pages_ahead(lane, priority, bursting, arrival)), unlearned)
         if terms.deadline is not None:
-            self._check_deadline(lane, pages, terms.deadline, bound)
+            self._check_deadline(lane, pages, terms, bound, work)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             self._check_latency_target(lane, work, self._bound(estimate, work, 1.0), terms.arrived)
         if bursting:
@@ -575,7 +576,7 @@ class Router:
             estimate = self.estimate_s(lane, least, terms.order, bursting, terms.client)
             margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
             ahead = self._pages_ahead(lane, terms.order, bursting)
-            self._check_deadline(lane, pages, terms.deadline, self._bound(estimate, least, ahead, margin))
+            self._check_deadline(lane, pages, terms, self._bound(estimate, least, ahead, margin), least)
         lane.reserve(terms.order, pages, least)
         try:
             yield
@@ -698,36 +699,45 @@ class Router:
             return 0.0
         return min(self.cfg.evidence_wait_s, EVIDENCE_WAIT_SHARE * max(0.0, terms.deadline.left()))
 
-    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> None:
+    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float:
         """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's
         margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
         would refuse a request: each page that finishes narrows the margin and shortens the work
-        ahead, so the request is then priced again. Returns once its bound (:meth:`bound_s`) fits
-        its deadline, once even the bound without the margin does not, once the model is warm, or
-        once no page is expected to finish before the time is up (:meth:`next_page_s`, by the
-        model's own prediction: a fresh gateway's can be short of the truth, and behind dense
-        pages that took 14 s each, refusals still came after waits of up to 7.2 s); :meth:`admit`
-        then admits or refuses it. Meanwhile its work counts ahead of the requests that arrive
-        after it. A first burst arrives before any page has finished: without the wait it was
-        priced on the margin alone, and a fresh gateway admitted 4 of 12 2-page receipts that a
-        warm one admitted 10 of, with no request late in either."""
+        ahead, so the request is then priced again. Ends once its bound (:meth:`bound_s`) fits its
+        deadline, once even the bound without the margin does not, once the model is warm, or once
+        no page is expected to finish before the time is up (:meth:`next_page_s`, by the model's
+        own prediction). Meanwhile its work counts ahead of the requests that arrive after it.
+
+        Returns the bound :meth:`admit` holds the request to at least: 0 where a page finished
+        while it waited, else its bound when it came, against the seconds it has left now. Only a
+        finished page is evidence: the model's own count of the engine's progress while nothing
+        finished is what the margin doubts. Re-pricing on it alone, a cold gateway beside a CPU
+        hog let in a 2-page document after a full 5-s wait in which no page finished, and
+        answered it 504 at 57.55 s of its 57.5. A first burst arrives before any page has
+        finished: without the wait it was priced on the margin alone, and a fresh gateway admitted
+        4 of 12 2-page receipts that a warm one admitted 10 of, with no request late in either."""
         started = time.monotonic()
         until = started + wait_s
+        came = self._evidence
+        arrival_bound = 0.0
         awaiting = Awaiting(lane.name, terms.order, work, arrival)
         self._awaiting.append(awaiting)
         try:
             while self.service.warming and (wait := until - time.monotonic()) > self.next_page_s():
                 estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival))
                 ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
-                if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
+                bound = self._bound(estimate, work, ahead)
+                arrival_bound = arrival_bound or bound
+                if bound <= left or self._bound(estimate, work, ahead, False) > left:
                     break
                 evidence = self._evidence
                 with contextlib.suppress(TimeoutError):
                     await within(evidence.wait(), wait)
         finally:
             self._awaiting.remove(awaiting)
-        if (waited := time.monotonic() - started) > 1e-3:
-            metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
+            if (waited := time.monotonic() - started) > 1e-3:
+                metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
+        return 0.0 if self._evidence is not came else arrival_bound
 
     def next_page_s(self) -> float:
         """Seconds until a page is expected to finish: the page in the engine nearest its end (what
@@ -843,20 +853,34 @@ class Router:
             headers={"Retry-After": str(wait)},
         )
 
-    def _check_deadline(self, lane: Lane, pages: int, deadline: Deadline, estimate: float) -> None:
-        """Refuse now what could not finish before ``deadline`` (``estimate`` s of work ahead and in
-        it: :meth:`bound_s`) rather than accept it and time out."""
+    def _check_deadline(self, lane: Lane, pages: int, terms: Terms, estimate: float, work: Work) -> None:
+        """Refuse now what could not finish before ``terms.deadline`` (``estimate`` s of work ahead
+        and in it: :meth:`bound_s`) rather than accept it and time out. Where even its ``work``
+        alone on an idle engine (its bound with nothing ahead) passes it, a retry with the same
+        ``timeout`` cannot help: the refusal says to send a longer one, and how much of it went
+        before admission (since ``terms.arrived``: its upload, inspection and previews)."""
+        deadline = terms.deadline
         left = deadline.left()
         if estimate <= left:
             return
         wait = max(1, math.ceil(estimate - left))
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
-        inside = self.inside_s()
-        others = f"; {inside:.0f} s of it queued in the engine by other clients" if inside else ""
+        if (alone := self._bound(self.own_s(work), work, 0.0)) > left:
+            before = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
+            used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
+            advice = (
+                f"even on an idle engine it would take about {alone:.0f} s{used}; send a longer timeout, or send it to "
+                "be done asynchronously"
+            )
+        else:
+            inside = self.inside_s()
+            others = f"; {inside:.0f} s of it queued in the engine by other clients" if inside else ""
+            advice = (
+                f"about {estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once"
+                f"{others}); retry in {wait} s, or send it to be done asynchronously"
+            )
         raise Overloaded(
-            f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: about "
-            f"{estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once{others}); "
-            f"retry in {wait} s, or send it to be done asynchronously "
+            f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: {advice} "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",
             headers={"Retry-After": str(wait)},

@@ -125,6 +125,22 @@ def test_a_deadline_that_cannot_be_met_is_refused_at_once_and_skips_engine(gw, h
     assert metric(http, "ocrserve_rejections_total", lane="fast", reason="deadline_unmeetable") == refusals + 1
 
 
+def test_a_timeout_its_upload_used_up_is_refused_saying_send_a_longer_one(gw, http):
+    """The timeout runs from the request's arrival: a page whose upload takes 1.6 s of its 2 s
+    cannot be done in what is left on an idle engine. A retry with the same timeout cannot help,
+    and the refusal says so, and how much the upload took."""
+    data = (DATA / "phototest.tif").read_bytes()
+
+    def slowly():
+        for start in range(0, len(data), len(data) // 8 + 1):
+            time.sleep(0.2)
+            yield data[start : start + len(data) // 8 + 1]
+
+    refused = http.post("/v1/ocr?timeout=2", content=slowly(), headers={"content-type": "image/tiff"})
+    body = assert_problem(refused, 503, r"even on an idle engine it would take about \d+ s; 1\.\d s of its timeout")
+    assert "send a longer timeout" in body["detail"] and "retry in" not in body["detail"], body["detail"]
+
+
 def test_client_disconnect_drops_queued_pages(gw, http):
     """A client that hangs up while its first page runs and others wait: the waiting pages are
     dropped from the queue (and the ones still being decoded never reach it), so fewer than its

@@ -233,7 +233,8 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     # nothing measured yet: router.initial_page_s stands in, and refuses what it could not finish
     assert router.service.measured == 0
     assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0)
-    with pytest.raises(Overloaded, match="would be ahead of and in it"):
+    # a retry cannot help a page that alone outlasts its timeout: it says so
+    with pytest.raises(Overloaded, match="even on an idle engine it would take about 2 s; send a longer timeout"):
         async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
             pass
     async with router.admit(request := terms(router, FAST), 1, visual_tokens=300) as reservation:
@@ -309,6 +310,52 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             assert router.bound_s(bulk, page) < 14 - waited and not router._awaiting
             reservation.release(1)
         await asyncio.gather(*queued)
+
+
+def dense_page(index: int = 0) -> Page:
+    """Phototest tiled 2 x 2 (1280 x 960): about 2 s in the engine on 2 cores."""
+    image = np.tile(np.asarray(phototest()), (2, 2, 1))
+    return Page(index=index, image=image, width=1280, height=960, visual_tokens=1200, marks=count_marks(image))
+
+
+async def test_a_wait_for_evidence_in_which_no_page_finishes_ends_refused(make_router):
+    """The model's own count of the engine's progress is not evidence: behind dense pages that
+    take about 2 s each, priced at 0.5 s (``router.initial_page_s``), a request that only the
+    margin refuses waits (a fifth of its seconds left) while no page finishes, and is then
+    refused on the bound it came with, however far the model thinks the engine got meanwhile. A
+    disconnect that cancels a wait is counted in the wait's metric too."""
+    from prometheus_client import REGISTRY
+
+    def waits() -> float:
+        return REGISTRY.get_sample_value("ocrserve_admission_evidence_wait_seconds_count", {"lane": BULK}) or 0.0
+
+    router = make_router(initial_page_s=0.5, evidence_wait_s=5.0)
+    bulk = router.lanes[BULK]
+    queued = [asyncio.create_task(run_tagged(router, BULK, f"d{i}", dense_page(i), [])) for i in range(4)]
+    await wait_until(lambda: router.in_flight == 1 and bulk.reserved == 3)
+    page = router.request_work([(640, 480)], 1, [239])
+    estimate = router.estimate_s(bulk, page)
+    without_margin = router._bound(estimate, page, router._pages_ahead(bulk, None, False), False)
+    bound = router.bound_s(bulk, page)
+    left = (bound + without_margin) / 2  # only the margin refuses it
+    before, started = waits(), time.monotonic()
+    with pytest.raises(Overloaded, match="would be ahead of and in it") as refused:
+        async with router.admit(terms(router, BULK, deadline=Deadline.after(left)), 1, work=page):
+            pass
+    waited = time.monotonic() - started
+    assert router.service.measured == 0  # no page finished meanwhile
+    assert 0.15 * left < waited < 0.2 * left + 0.1 and waits() == before + 1
+    assert int(refused.value.headers["Retry-After"]) >= math.ceil(bound - left)
+    # a wait cut short (the client went away) is counted as well
+    admission = asyncio.create_task(
+        router.admit(terms(router, BULK, deadline=Deadline.after(left)), 1, work=page).__aenter__()
+    )
+    await wait_until(lambda: router._awaiting)
+    admission.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await admission
+    assert waits() == before + 2 and not router._awaiting
+    await asyncio.gather(*queued)
 
 
 async def test_one_clients_queue_delays_another_clients_page_by_about_one_page(make_router):

@@ -510,7 +510,8 @@ class RouterConfig(Section):
         ge=0,
         description="While admission's cost model has seen few pages, a document (not a single page) with a "
         "deadline that only the model's margin for the unseen refuses waits up to this many seconds (and at most a "
-        "fifth of its time left) for pages to finish and narrow it, then is admitted or refused; 0 = refuse at once",
+        "fifth of its time left) for pages to finish and narrow it, then is admitted or refused (refused where no page "
+        "finished meanwhile); 0 = refuse at once",
     )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(

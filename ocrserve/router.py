@@ -151,8 +151,9 @@ class Promise:
 
 @dataclass(eq=False)
 class Awaiting:
-    """A request waiting at admission for evidence (:meth:`Router._await_evidence`): its work counts
-    ahead of the requests that arrive after it.
+    """A request not admitted yet, being previewed (:meth:`Router.held`) or waiting for evidence
+    (:meth:`Router._await_evidence`): its work counts ahead of the requests that arrived after it,
+    and only of those.
 
     Attributes:
         lane: its lane's name.
@@ -367,7 +368,7 @@ class Router:
         self.interactive = BusyWindow(INTERACTIVE_WINDOW_S)  # when single (bursting) pages were in it
         self._promises: list[Promise] = []  # admitted requests single pages overtake, with deadlines
         self._arrivals = itertools.count()  # requests in the order they came to admission
-        self._awaiting: list[Awaiting] = []  # requests waiting for evidence
+        self._awaiting: list[Awaiting] = []  # requests being previewed or waiting for evidence
         self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
@@ -459,7 +460,12 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def admit(
-        self, terms: Terms, pages: int, visual_tokens: int | None = None, work: Work | None = None
+        self,
+        terms: Terms,
+        pages: int,
+        visual_tokens: int | None = None,
+        work: Work | None = None,
+        arrival: int | None = None,
     ) -> AsyncIterator[Reservation]:
         """Reserve room for ``pages`` pages in the request's lane for the duration of a request.
 
@@ -468,8 +474,10 @@ class Router:
         by the request's cost: its ``visual_tokens`` with ``router.cost: visual_tokens`` (where
         given), else its pages. Only pages that go before ``terms.order`` count against the lane's
         ``queue_pages`` and the request's estimate, so a flood of documents cannot shut a single
-        page out. The estimate prices the request's ``work`` (:meth:`request_work`; where not
-        given, its pages at the average page's); a ``terms.deadline`` that its bound
+        page out. Requests not admitted yet count ahead of it where they came before it
+        (``arrival``, the number :meth:`held` gave it; None: it comes now). The estimate prices the
+        request's ``work`` (:meth:`request_work`; where not given, its pages at the average page's);
+        a ``terms.deadline`` that its bound
         (:meth:`bound_s`) passes is refused now, or where only the cost model's margin for what it
         has not seen passes it, after waiting for evidence (:meth:`_await_evidence`).
 
@@ -482,18 +490,18 @@ class Router:
         """
         lane = self.lanes[terms.lane]
         priority = terms.order
-        arrival = next(self._arrivals)
+        arrival = next(self._arrivals) if arrival is None else arrival
         self._check_room(lane, pages, priority)
         cost = self.request_cost(pages, visual_tokens)
         work = work or self.request_work(None, pages)
         bursting = terms.bursts and self.bursts
-        unlearned = 0.0
+        frozen = None
         if wait_s := self._evidence_wait_s(lane, terms, bursting):
-            unlearned = await self._await_evidence(lane, terms, work, arrival, wait_s)
+            frozen = await self._await_evidence(lane, terms, work, arrival, wait_s)
             self._check_room(lane, pages, priority)
-        alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client, arrival)
+        alone, beside_single_pages = self._estimate(lane, work, priority, bursting, terms.client, arrival, frozen)
         estimate = alone + beside_single_pages
-        bound = max(self._bound(estimate, work, self._pages_ahead(lane, priority, bursting, arrival)), unlearned)
+        bound = self._bound(estimate, work, self._pages_ahead(lane, priority, bursting, arrival))
         if terms.deadline is not None:
             self._check_deadline(lane, pages, terms, bound, work)
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
@@ -554,34 +562,41 @@ class Router:
             promise.slack_s -= delay
 
     @contextlib.asynccontextmanager
-    async def held(self, terms: Terms, pages: int, least: Work) -> AsyncIterator[None]:
+    async def held(self, terms: Terms, pages: int, least: Work) -> AsyncIterator[int]:
         """Hold room for a request while its pages are previewed to count their marks
         (:meth:`~ocrserve.preprocess.Preprocessor.previews`, up to 0.3 s a page in a decoding
         process), after refusing now, as :meth:`admit` would, what no marks could save: ``pages``
         the lane's queue cannot take, or a deadline that they overrun were they the ``least`` work
         they can be (their pixels without marks; without the margin for the unseen where
-        :meth:`admit` would wait for evidence). The hold is its pages at that least work, in the
-        lane's queue until the block exits, so that requests arriving meanwhile count it ahead of
-        them; :meth:`admit` (called once the block has exited) replaces it with the priced request.
-        Without the hold, ten 4-page documents sent at once were all previewed before any was
-        admitted, and the nine refused waited up to 7.5 s for it.
+        :meth:`admit` would wait for evidence). The hold is its pages in the lane's queue and their
+        least work ahead of the requests that arrive after it (:class:`Awaiting`), until the block
+        exits; it yields the request's arrival number, which :meth:`admit` (called once the block
+        has exited) takes to replace the hold with the priced request. Without the hold, ten
+        4-page documents sent at once were all previewed before any was admitted, and the nine
+        refused waited up to 7.5 s for it. Counted ahead of requests that came before it too, the
+        holds of a fresh gateway's burst of twelve 2-page documents put 60-90 s of work ahead of
+        each on an idle engine, and all twelve were refused.
 
         Raises:
             PayloadTooLarge, Overloaded: as :meth:`admit`.
         """
         lane = self.lanes[terms.lane]
+        arrival = next(self._arrivals)
         self._check_room(lane, pages, terms.order)
         if terms.deadline is not None:
             bursting = terms.bursts and self.bursts
-            estimate = self.estimate_s(lane, least, terms.order, bursting, terms.client)
+            estimate = sum(self._estimate(lane, least, terms.order, bursting, terms.client, arrival))
             margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
-            ahead = self._pages_ahead(lane, terms.order, bursting)
+            ahead = self._pages_ahead(lane, terms.order, bursting, arrival)
             self._check_deadline(lane, pages, terms, self._bound(estimate, least, ahead, margin), least)
-        lane.reserve(terms.order, pages, least)
+        hold = Awaiting(lane.name, terms.order, least, arrival)
+        lane.reserve(terms.order, pages, NO_WORK)
+        self._awaiting.append(hold)
         try:
-            yield
+            yield arrival
         finally:
-            lane.reserve(terms.order, -pages, NO_WORK - least)
+            self._awaiting.remove(hold)
+            lane.reserve(terms.order, -pages, NO_WORK)
 
     def _check_room(self, lane: Lane, pages: int, priority: int) -> None:
         """Refuse ``pages`` that exceed the lane's whole queue (413), or that it cannot take now."""
@@ -646,12 +661,21 @@ class Router:
         return sum(self._estimate(lane, work, priority, bursts, client))
 
     def _estimate(
-        self, lane: Lane, work: Work, priority: int | None, bursts: bool, client: str | None, arrival: int | None = None
+        self,
+        lane: Lane,
+        work: Work,
+        priority: int | None,
+        bursts: bool,
+        client: str | None,
+        arrival: int | None = None,
+        frozen: float | None = None,
     ) -> tuple[float, float]:
         """:meth:`estimate_s` in two parts: the seconds without single pages, and what the single
-        pages expected beside it add (0 for a request that ``bursts``). The requests waiting for
-        evidence count ahead of it (those that came before ``arrival``, where given)."""
-        in_engine = self.in_engine_s(bursting_only=bursts)
+        pages expected beside it add (0 for a request that ``bursts``). The requests not admitted
+        yet count ahead of it (those that came before ``arrival``, where given); the pages in the
+        engine count what was left of them at the share clock's reading ``frozen``, where given
+        (:meth:`in_engine_s`)."""
+        in_engine = self.in_engine_s(bursting_only=bursts, frozen=frozen)
         ahead = self._work_ahead(lane, priority, arrival)
         seconds = self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
         if bursts:
@@ -661,7 +685,7 @@ class Router:
 
     def _work_ahead(self, lane: Lane, priority: int | None, arrival: int | None = None) -> Work:
         """The work queued ahead of a request of ``priority`` in ``lane`` (:meth:`Lane.work_ahead`;
-        for bulk the fast lane's too), with the requests waiting for evidence that came before
+        for bulk the fast lane's too), with the requests not admitted yet that came before
         ``arrival`` (None: all)."""
         ahead = lane.work_ahead(priority) + self._awaited(lane.name, priority, arrival)
         if lane.name == BULK:
@@ -675,8 +699,9 @@ class Router:
         return self._work_ahead(lane, priority, arrival).pages + in_engine
 
     def _awaited(self, lane: str, priority: int | None, arrival: int | None) -> Work:
-        """The work of the requests waiting for evidence in ``lane`` that go before a request of
-        ``priority`` (as :meth:`Lane.work_ahead`) and came before ``arrival`` (None: all)."""
+        """The work of the requests not admitted yet in ``lane`` (:class:`Awaiting`) that go before
+        a request of ``priority`` (as :meth:`Lane.work_ahead`) and came before ``arrival`` (None:
+        all)."""
         return sum(
             (
                 a.work
@@ -699,7 +724,7 @@ class Router:
             return 0.0
         return min(self.cfg.evidence_wait_s, EVIDENCE_WAIT_SHARE * max(0.0, terms.deadline.left()))
 
-    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float:
+    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float | None:
         """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's
         margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
         would refuse a request: each page that finishes narrows the margin and shortens the work
@@ -708,27 +733,26 @@ class Router:
         no page is expected to finish before the time is up (:meth:`next_page_s`, by the model's
         own prediction). Meanwhile its work counts ahead of the requests that arrive after it.
 
-        Returns the bound :meth:`admit` holds the request to at least: 0 where a page finished
-        while it waited, else its bound when it came, against the seconds it has left now. Only a
-        finished page is evidence: the model's own count of the engine's progress while nothing
-        finished is what the margin doubts. Re-pricing on it alone, a cold gateway beside a CPU
-        hog let in a 2-page document after a full 5-s wait in which no page finished, and
-        answered it 504 at 57.55 s of its 57.5. A first burst arrives before any page has
-        finished: without the wait it was priced on the margin alone, and a fresh gateway admitted
-        4 of 12 2-page receipts that a warm one admitted 10 of, with no request late in either."""
+        Returns None where a page finished while it waited, else the share clock's reading when
+        it began: :meth:`admit` then prices the pages in the engine as they were then
+        (:meth:`in_engine_s`). Only a finished page is evidence: the model's own count of the
+        engine's progress while nothing finished is what the margin doubts. Re-pricing on it, a
+        cold gateway beside a CPU hog let in a 2-page document after a full 5-s wait in which no
+        page finished, and answered it 504 at 57.55 s of its 57.5. A first burst arrives before
+        any page has finished: without the wait it was priced on the margin alone, and a fresh
+        gateway admitted 4 of 12 2-page receipts that a warm one admitted 10 of, with no request
+        late in either."""
         started = time.monotonic()
         until = started + wait_s
-        came = self._evidence
-        arrival_bound = 0.0
+        came, frozen = self._evidence, self.clock.now()
         awaiting = Awaiting(lane.name, terms.order, work, arrival)
         self._awaiting.append(awaiting)
         try:
             while self.service.warming and (wait := until - time.monotonic()) > self.next_page_s():
-                estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival))
+                unlearned = frozen if self._evidence is came else None
+                estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival, unlearned))
                 ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
-                bound = self._bound(estimate, work, ahead)
-                arrival_bound = arrival_bound or bound
-                if bound <= left or self._bound(estimate, work, ahead, False) > left:
+                if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
                     break
                 evidence = self._evidence
                 with contextlib.suppress(TimeoutError):
@@ -737,7 +761,7 @@ class Router:
             self._awaiting.remove(awaiting)
             if (waited := time.monotonic() - started) > 1e-3:
                 metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
-        return 0.0 if self._evidence is not came else arrival_bound
+        return None if self._evidence is not came else frozen
 
     def next_page_s(self) -> float:
         """Seconds until a page is expected to finish: the page in the engine nearest its end (what
@@ -749,12 +773,14 @@ class Router:
             return min(left) * max(1, self.clock.pages)
         return self.service.seconds(self.mean_work)
 
-    def in_engine_s(self, bursting_only: bool = False) -> float:
+    def in_engine_s(self, bursting_only: bool = False, frozen: float | None = None) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
-        each page's predicted share less what it has had, at least :data:`IN_ENGINE_FLOOR` of it."""
-        now = self.clock.now()
+        each page's predicted share less what it has had (by the share clock's reading ``frozen``,
+        where given, and none for a page that entered after it), at least
+        :data:`IN_ENGINE_FLOOR` of it."""
+        now = self.clock.now() if frozen is None else min(self.clock.now(), frozen)
         return sum(
-            max(t.predicted_s - (now - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
+            max(t.predicted_s - max(0.0, now - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
             for t in self._running.values()
             if t.terms.bursts or not bursting_only
         )

@@ -117,11 +117,11 @@ class OcrService:
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
             markless = self.router.request_work(sizes, len(indices), [0] * len(sizes))
-            async with self.router.held(terms, len(indices), markless):
+            async with self.router.held(terms, len(indices), markless) as arrival:
                 previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
                 marks = await asyncio.to_thread(count_each, previews)
             demand = self.router.request_work(sizes, len(indices), marks)
-            async with self.router.admit(terms, len(indices), tokens, demand) as reservation:
+            async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:
                 attempts = await self._run_pages(source, info, indices, reservation, terms)
         for attempt in attempts:
             self.pipeline.count_final(attempt)

@@ -165,18 +165,25 @@ async def test_a_request_hopeless_even_without_marks_is_refused_before_its_previ
 
 async def test_a_request_being_previewed_holds_its_least_work_ahead_of_requests_after_it(make_router):
     """While its pages are previewed, a request's pages and their least work are in the lane: a
-    request that arrives meanwhile counts them (room and seconds), and they are gone after."""
+    request that arrives meanwhile counts them (room and seconds), one that came before it does
+    not, and they are gone after."""
     router = make_router(fast={"queue_pages": 8})
     lane = router.lanes[FAST]
     least = router.request_work([(2000, 3000)] * 4, 4, [0] * 4)
     alone = router.estimate_s(lane, least)
-    async with router.held(terms(router, FAST, 4), 4, least):
-        assert lane.reserved == 4
-        assert router.estimate_s(lane, least) == pytest.approx(alone + router.service.seconds(least))
-        with pytest.raises(Overloaded, match="holds 4 of 8 pages and cannot take 5 more"):
+    async with (
+        router.held(terms(router, FAST, 2), 2, least.scaled(1 / 2)) as first,
+        router.held(terms(router, FAST, 4), 4, least) as second,
+    ):
+        assert lane.reserved == 6 and second > first
+        # the second's hold is not ahead of the first, which came before it
+        assert sum(router._estimate(lane, least, None, False, None, first)) == pytest.approx(alone)
+        held_ahead = router.service.seconds(least.scaled(3 / 2))
+        assert router.estimate_s(lane, least) == pytest.approx(alone + held_ahead)
+        with pytest.raises(Overloaded, match="holds 6 of 8 pages and cannot take 5 more"):
             async with router.held(terms(router, FAST, 5), 5, least.scaled(5 / 4)):
                 pass
-    assert lane.reserved == 0 and lane.work_ahead(None) == Work()
+    assert lane.reserved == 0 and lane.work_ahead(None) == Work() and not router._awaiting
     assert router.estimate_s(lane, least) == pytest.approx(alone)
 
 

@@ -803,13 +803,18 @@ class Router:
         (:meth:`_pages_ahead`): the work ahead times the service-time model's
         :meth:`~ocrserve.servicetime.ServiceTime.upper_factor` for that many pages (without the
         prior's margin unless ``margin``), its own part (:meth:`own_s`) times what evidence says
-        of over-runs alone (:meth:`~ocrserve.servicetime.ServiceTime.over_run` of its pages),
-        without the prior's margin, so that an idle engine admits what it did; either at least
-        the pages in the engine's :meth:`slowdown`. Its own part at its mean let a 2-page dense
-        document in at 43 s of a 45 s deadline, and answered it 504 on a machine whose other core
-        was taken."""
+        of over-runs alone (:meth:`~ocrserve.servicetime.ServiceTime.over_run` of its pages), and
+        with ``margin``, the prior's too where anything is ahead of it; either at least the pages
+        in the engine's :meth:`slowdown`. Its own part at its mean let a 2-page dense document in
+        at 43 s of a 45 s deadline, and answered it 504 on a machine whose other core was taken.
+        Alone on an idle engine its own part goes without the prior's margin, so that a fresh
+        gateway admits what it can do and learns from it; behind other work it went without it
+        too, and a fresh gateway admitted a second 2-page dense document (8.4 Mpx and a letter
+        page) behind the first and answered it 504."""
         slowdown, own = self.slowdown(), self.own_s(work)
         own_factor = max(self.service.over_run(work.pages), slowdown)
+        if margin and estimate > own:
+            own_factor = max(own_factor, self.service.prior_margin())
         ahead_factor = self.service.upper_factor(ahead) if margin else self.service.over_run(ahead)
         return own * own_factor + (estimate - own) * max(ahead_factor, slowdown)
 

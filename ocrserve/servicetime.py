@@ -55,10 +55,16 @@ UPPER_QUANTILE = 0.9
 #: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
 #: largest few, which says little).
 ENOUGH_PAGES = 16
-#: The factor until then (:meth:`ServiceTime.prior_margin`): the service-time model of a fresh
-#: gateway was off by up to 2x on pages unlike its calibration pages (a dense scan against the
-#: letter page).
+#: The factor until then (:meth:`ServiceTime.prior_margin`) once a ratio has been kept: the
+#: service-time model of a fresh gateway was off by up to 2x on pages unlike its calibration pages
+#: (a dense scan against the letter page).
 PRIOR_FACTOR = 2.0
+#: The factor before any ratio has been kept: nothing yet says how far the calibration pages' fit
+#: is off for the pages clients send. A fresh gateway's fit priced 2-page documents of turned
+#: 1000 x 754 pages (orientation votes, a second detection) and of 100-150 dpi grayscale scans at
+#: about a third of their seconds, and with 2 it admitted 8-9 of a burst of 12 and answered 2-3 of
+#: them 504.
+UNSEEN_FACTOR = 4.0
 #: Units of the features: megapixels and thousands of marks keep the fit's numbers near 1.
 PIXEL_UNIT, MARK_UNIT = 1e6, 1e3
 
@@ -211,10 +217,13 @@ class ServiceTime:
         return len(self.ratios) < ENOUGH_PAGES
 
     def prior_margin(self) -> float:
-        """The margin for what the model has not seen: :data:`PRIOR_FACTOR` while :attr:`warming`,
-        then 1 (the ratios' own quantile takes over). Shrinking it linearly to 1 over those pages
+        """The margin for what the model has not seen: :data:`UNSEEN_FACTOR` before any ratio was
+        kept, :data:`PRIOR_FACTOR` while :attr:`warming`, then 1 (the ratios' own quantile takes
+        over). Shrinking it linearly to 1 over those pages
         instead let a 2-page document of scans in at a margin of 1.6 after six pages, on a machine
         with a core kept busy, and it was answered after its client's timeout."""
+        if not self.ratios:
+            return UNSEEN_FACTOR
         return PRIOR_FACTOR if self.warming else 1.0
 
     def upper_factor(self, pages: float = 1.0) -> float:

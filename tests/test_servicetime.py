@@ -7,7 +7,15 @@ import math
 import pytest
 
 from ocrserve.router import BusyWindow
-from ocrserve.servicetime import ENOUGH_PAGES, FIT_PAGES, PRIOR_FACTOR, ServiceTime, ShareClock, Work
+from ocrserve.servicetime import (
+    ENOUGH_PAGES,
+    FIT_PAGES,
+    PRIOR_FACTOR,
+    UNSEEN_FACTOR,
+    ServiceTime,
+    ShareClock,
+    Work,
+)
 
 
 def page(megapixels: float, kilomarks: float) -> Work:
@@ -53,12 +61,17 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 2 until 16 pages were seen after the first
-    three (a fit of fewer is underdetermined), then the 0.9 quantile of how far pages ran over
-    their prediction; pages slower than predicted widen it."""
+    """The factor admission multiplies its estimates by: 4 before any page was measured against a
+    fit, 2 until 16 pages were seen after the first three (a fit of fewer is underdetermined), then
+    the 0.9 quantile of how far pages ran over their prediction; pages slower than predicted widen
+    it."""
     model = ServiceTime(initial_s=1.0)
+    for _ in range(FIT_PAGES):
+        assert model.upper_factor() == UNSEEN_FACTOR == 4.0 and model.warming
+        model.record(page(1, 1), 0.5)
+    model.record(page(1, 1), 0.5)
     assert model.upper_factor() == PRIOR_FACTOR == 2.0 and model.warming
-    for _ in range(FIT_PAGES + ENOUGH_PAGES):
+    for _ in range(ENOUGH_PAGES - 1):
         model.record(page(1, 1), 0.5)  # every page as predicted once the fit has one
     assert len(model.ratios) == ENOUGH_PAGES  # none against the prior of 1 s or a fit of fewer pages
     assert model.ratios[0] == pytest.approx(1.0, abs=0.05)

@@ -477,9 +477,9 @@ class Router:
         page out. Requests not admitted yet count ahead of it where they came before it
         (``arrival``, the number :meth:`held` gave it; None: it comes now). The estimate prices the
         request's ``work`` (:meth:`request_work`; where not given, its pages at the average page's);
-        a ``terms.deadline`` that its bound
-        (:meth:`bound_s`) passes is refused now, or where only the cost model's margin for what it
-        has not seen passes it, after waiting for evidence (:meth:`_await_evidence`).
+        a ``terms.deadline`` that its bound (:meth:`bound_s`) passes is refused now, or where only
+        the cost model's margin for what it has not seen passes it and ``router.evidence_wait_s``
+        is set, after waiting for evidence (:meth:`_await_evidence`).
 
         Raises:
             PayloadTooLarge: ``pages`` exceeds the lane's whole queue (413: retrying cannot help).

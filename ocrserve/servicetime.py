@@ -24,10 +24,10 @@ seconds over what the model predicted for it before it finished are kept (the la
 :data:`RATIOS_KEPT`; none for the first :data:`FIT_PAGES`, whose predictions are the prior's or an
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
 their :data:`UPPER_QUANTILE` quantile, drawn towards their median for many pages together (their
-median, and at least a margin for what the model has not seen, :data:`PRIOR_FACTOR`, until
-:data:`ENOUGH_PAGES` have been kept): wide while the model knows little, tightening as evidence
-comes, and widening again when recent pages run slower than predicted (a busy machine, pages of a
-kind it has not seen).
+median, and at least a margin for what the model has not seen until :data:`ENOUGH_PAGES` have
+been kept: :data:`UNSEEN_FACTOR` before the first, then :data:`PRIOR_FACTOR`): wide while the
+model knows little, tightening as evidence comes, and widening again when recent pages run slower
+than predicted (a busy machine, pages of a kind it has not seen).
 """
 
 from __future__ import annotations
@@ -219,9 +219,9 @@ class ServiceTime:
     def prior_margin(self) -> float:
         """The margin for what the model has not seen: :data:`UNSEEN_FACTOR` before any ratio was
         kept, :data:`PRIOR_FACTOR` while :attr:`warming`, then 1 (the ratios' own quantile takes
-        over). Shrinking it linearly to 1 over those pages
-        instead let a 2-page document of scans in at a margin of 1.6 after six pages, on a machine
-        with a core kept busy, and it was answered after its client's timeout."""
+        over). Shrinking it linearly to 1 over those pages instead let a 2-page document of scans
+        in at a margin of 1.6 after six pages, on a machine with a core kept busy, and it was
+        answered after its client's timeout."""
         if not self.ratios:
             return UNSEEN_FACTOR
         return PRIOR_FACTOR if self.warming else 1.0

@@ -896,15 +896,16 @@ class Router:
             return
         wait = max(1, math.ceil(estimate - left))
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
+        inside = self.inside_s()
         if (alone := self._bound(self.own_s(work), work, 0.0)) > left:
             before = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
             used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
+            others = f"; besides, {inside:.0f} s of work is queued in the engine by other clients" if inside else ""
             advice = (
-                f"even on an idle engine it would take about {alone:.0f} s{used}; send a longer timeout, or send it to "
-                "be done asynchronously"
+                f"even on an idle engine it would take about {alone:.0f} s{used}{others}; send a longer timeout, or "
+                "send it to be done asynchronously"
             )
         else:
-            inside = self.inside_s()
             others = f"; {inside:.0f} s of it queued in the engine by other clients" if inside else ""
             advice = (
                 f"about {estimate:.0f} s of work would be ahead of and in it ({self.limit} pages in the engine at once"

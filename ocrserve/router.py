@@ -334,6 +334,12 @@ class BusyWindow:
         return all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
 
 
+def _seconds(value: float) -> str:
+    """``value`` seconds for a message: tenths below 10 s (a 2-s timeout shows as 0.2, not 0), else
+    whole seconds."""
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+
 def retry_after_s(waiting_pages: int, drain_rate: float, fallback_rate: float) -> int:
     """Seconds until ``waiting_pages`` have drained, by Little's law ``W = L / lambda``.
 
@@ -902,8 +908,8 @@ class Router:
             used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
             others = f"; besides, {inside:.0f} s of work is queued in the engine by other clients" if inside else ""
             advice = (
-                f"even on an idle engine it would take about {alone:.0f} s{used}{others}; send a longer timeout, or "
-                "send it to be done asynchronously"
+                f"even on an idle engine it would take about {_seconds(alone)} s{used}{others}; send a longer timeout, "
+                "or send it to be done asynchronously"
             )
         else:
             others = f"; {inside:.0f} s of it queued in the engine by other clients" if inside else ""
@@ -912,7 +918,7 @@ class Router:
                 f"{others}); retry in {wait} s, or send it to be done asynchronously"
             )
         raise Overloaded(
-            f"the {lane.name} lane cannot finish {pages} page(s) within the request's {left:.0f} s: {advice} "
+            f"the {lane.name} lane cannot finish {pages} page(s) within the request's {_seconds(left)} s: {advice} "
             "(Prefer: respond-async, or POST /v1/jobs)",
             slug="deadline-unmeetable",
             headers={"Retry-After": str(wait)},

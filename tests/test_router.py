@@ -241,7 +241,7 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert router.service.measured == 0
     assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0)
     # a retry cannot help a page that alone outlasts its timeout: it says so
-    with pytest.raises(Overloaded, match="even on an idle engine it would take about 2 s; send a longer timeout"):
+    with pytest.raises(Overloaded, match="even on an idle engine it would take about 2.0 s; send a longer timeout"):
         async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
             pass
     async with router.admit(request := terms(router, FAST), 1, visual_tokens=300) as reservation:

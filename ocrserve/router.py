@@ -33,7 +33,7 @@ import itertools
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ocrserve import metrics
@@ -595,14 +595,22 @@ class Router:
             margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
             ahead = self._pages_ahead(lane, terms.order, bursting, arrival)
             self._check_deadline(lane, pages, terms, self._bound(estimate, least, ahead, margin), least)
-        hold = Awaiting(lane.name, terms.order, least, arrival)
         lane.reserve(terms.order, pages, NO_WORK)
-        self._awaiting.append(hold)
         try:
-            yield arrival
+            with self._not_admitted(Awaiting(lane.name, terms.order, least, arrival)):
+                yield arrival
         finally:
-            self._awaiting.remove(hold)
             lane.reserve(terms.order, -pages, NO_WORK)
+
+    @contextlib.contextmanager
+    def _not_admitted(self, awaiting: Awaiting) -> Iterator[None]:
+        """Count ``awaiting`` ahead of the requests that arrive after it (:meth:`_awaited`) for the
+        block."""
+        self._awaiting.append(awaiting)
+        try:
+            yield
+        finally:
+            self._awaiting.remove(awaiting)
 
     def _check_room(self, lane: Lane, pages: int, priority: int) -> None:
         """Refuse ``pages`` that exceed the lane's whole queue (413), or that it cannot take now."""
@@ -751,20 +759,18 @@ class Router:
         started = time.monotonic()
         until = started + wait_s
         came, frozen = self._evidence, self.clock.now()
-        awaiting = Awaiting(lane.name, terms.order, work, arrival)
-        self._awaiting.append(awaiting)
         try:
-            while self.service.warming and (wait := until - time.monotonic()) > self.next_page_s():
-                unlearned = frozen if self._evidence is came else None
-                estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival, unlearned))
-                ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
-                if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
-                    break
-                evidence = self._evidence
-                with contextlib.suppress(TimeoutError):
-                    await within(evidence.wait(), wait)
+            with self._not_admitted(Awaiting(lane.name, terms.order, work, arrival)):
+                while self.service.warming and (wait := until - time.monotonic()) > self.next_page_s():
+                    unlearned = frozen if self._evidence is came else None
+                    estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival, unlearned))
+                    ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
+                    if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
+                        break
+                    evidence = self._evidence
+                    with contextlib.suppress(TimeoutError):
+                        await within(evidence.wait(), wait)
         finally:
-            self._awaiting.remove(awaiting)
             if (waited := time.monotonic() - started) > 1e-3:
                 metrics.ADMISSION_EVIDENCE_WAIT_SECONDS.labels(lane.name).observe(waited)
         return None if self._evidence is not came else frozen

@@ -237,12 +237,18 @@ class OnnxEngineConfig(Section):
         description="A background (bulk) page in the engine this long runs its next stages as interactive, so "
         "a steady stream of fast pages cannot starve it, seconds; 0 = never (strict)",
     )
+    background_scheduling: Literal["idle", "nice"] = Field(
+        "idle",
+        description="How the threads running bulk pages' stages yield the cores to an interactive page's "
+        "(Linux): idle = the SCHED_IDLE policy, a core only when no other thread wants one; nice = "
+        "background_nice",
+    )
     background_nice: int = Field(
         10,
         ge=0,
         le=19,
-        description="Nice value added to the threads running bulk pages' stages (Linux), so "
-        "an interactive page takes the cores from them at once; 0 = off",
+        description="Nice value added to the threads running bulk pages' stages where background_scheduling "
+        "is nice (Linux); 0 = off",
     )
     max_batch_size: int = Field(64, ge=1, description="Recognition crops gathered across pages into one group")
     rec_batch_num: int = Field(6, ge=1, description="Crops per ONNX run within a group (sorted by width first)")

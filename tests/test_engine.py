@@ -73,24 +73,26 @@ async def test_failing_page_fails_alone(engine):
     assert outcomes[1].text.startswith("This is a lot of 12 point text")
 
 
-async def test_bulk_pages_run_on_lower_priority_threads():
-    """Detection and recognition of bulk pages run on threads at nice +10 (engine.onnx.background_nice);
-    those of interactive pages keep the process's nice value. No aging (``aging_s`` 0): on a busy
-    machine a background page in the engine for 2 s would run its next stage as interactive."""
-    engine = await started(det_workers=2, aging_s=0.0)
-    seen: set[tuple[str, int, int]] = set()
+@pytest.mark.parametrize("scheduling", ["idle", "nice"])
+async def test_bulk_pages_run_on_lower_priority_threads(scheduling):
+    """Detection and recognition of bulk pages run on threads of a lower priority
+    (``engine.onnx.background_scheduling``): SCHED_IDLE, or nice +10 (``background_nice``); those
+    of interactive pages keep the process's policy and nice value. No aging (``aging_s`` 0): on a
+    busy machine a background page in the engine for 2 s would run its next stage as interactive."""
+    engine = await started(det_workers=2, aging_s=0.0, background_scheduling=scheduling)
+    seen: set[tuple[str, int, int, int]] = set()
     detect, recognize = engine._detect, engine._recognize
 
-    def nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    def priority() -> tuple[int, int]:
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    def detecting(image, priority, orientation):
-        seen.add(("det", priority, nice()))
-        return detect(image, priority, orientation)
+    def detecting(image, engine_class, orientation):
+        seen.add(("det", engine_class, *priority()))
+        return detect(image, engine_class, orientation)
 
-    def recognizing(crops, priority):
-        seen.add(("rec", priority, nice()))
-        return recognize(crops, priority)
+    def recognizing(crops, engine_class):
+        seen.add(("rec", engine_class, *priority()))
+        return recognize(crops, engine_class)
 
     engine._detect, engine._batcher._recognize = detecting, recognizing
     page = load_page("phototest.tif")
@@ -98,14 +100,16 @@ async def test_bulk_pages_run_on_lower_priority_threads():
     bulk = await engine.ocr_page(page, priority=background)
     fast = await engine.ocr_page(page, priority=interactive)
     assert bulk.text == fast.text and bulk.text.startswith("This is a lot of 12 point text")
-    base, low = os.getpriority(os.PRIO_PROCESS, os.getpid()), min(os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10, 19)
     await engine.close()
+    policy, nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, os.getpid())
+    low = (os.SCHED_IDLE, nice) if scheduling == "idle" else (policy, min(nice + 10, 19))
     assert seen == {
-        ("det", background, low),
-        ("rec", background, low),
-        ("det", interactive, base),
-        ("rec", interactive, base),
+        ("det", background, *low),
+        ("rec", background, *low),
+        ("det", interactive, policy, nice),
+        ("rec", interactive, policy, nice),
     }
+    assert engine.background_share == pytest.approx(3 / 1027 if scheduling == "idle" else 110 / 1134)
 
 
 async def test_one_set_of_sessions_where_both_would_be_alike():

@@ -20,7 +20,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
 from ocrserve.preprocess.marks import count_marks
 from ocrserve.preprocess.synthetic import calibration_pages
-from ocrserve.router import BACKGROUND_SHARE, Router, retry_after_s
+from ocrserve.router import Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
 from ocrserve.servicetime import Work
 from ocrserve.work import Deadline, Priority, WorkItem
@@ -196,7 +196,7 @@ async def test_single_pages_that_would_make_an_admitted_document_late_are_refuse
     document = router.request_work([(1000, 1000)] * 4, 4, [1000] * 4)
     single = router.request_work([(480, 640)], 1, [239])
     page = terms(router, FAST, 1)
-    delay = router.own_s(single) * (1 - BACKGROUND_SHARE)
+    delay = router.own_s(single) * (1 - router.engine.background_share)
     document_terms = terms(router, FAST, 4, deadline=Deadline.after(router.bound_s(fast, document) + 1.5))
     assert page.bursts and not document_terms.bursts
     admitted = 0

@@ -329,7 +329,9 @@ def _worker_config(config: Config) -> Config:
     to the :data:`CPUS_PER_ACTOR` cores an actor is given: that many detection workers
     (``engine.onnx.det_workers``) and recognition runs at once (``rec_workers``), on one
     onnxruntime thread per stage session (``intra_op_num_threads`` and ``background_threads`` 1,
-    so one set of sessions is built). Single-threaded runs cost less CPU per page than two threads
+    so one set of sessions is built), at ``background_nice`` rather than SCHED_IDLE: an actor's
+    pages are all background, and at SCHED_IDLE they would wait for every decoding task on their
+    cores (``background_scheduling``). Single-threaded runs cost less CPU per page than two threads
     each (engine alone, 36 corpus images on 2 cores, 8 pages in flight, alternating runs: 3.39 CPU
     seconds a page against 3.58 with one detection worker on two-thread sessions, 31.7 and 31.8
     pages/min). One recognition thread was the batch's bottleneck: sampled by py-spy over 60 s of
@@ -343,6 +345,7 @@ def _worker_config(config: Config) -> Config:
             "rec_workers": CPUS_PER_ACTOR,
             "intra_op_num_threads": 1,
             "background_threads": 1,
+            "background_scheduling": "nice",
         }
     )
     return config.model_copy(update={"engine": config.engine.model_copy(update={"onnx": onnx})})

@@ -62,6 +62,13 @@ IN_ENGINE_FLOOR = 0.25
 #: Seconds over which the router measures how much of the time other clients' single (bursting)
 #: pages were in the engine (:class:`BusyWindow`).
 INTERACTIVE_WINDOW_S = 30.0
+#: The share of the engine a page that may not burst still gets while one that may is in it.
+#: The embedded engine runs it on threads under SCHED_IDLE (``engine.onnx.background_scheduling``)
+#: once it has aged (``engine.onnx.aging_s``): a core when the interactive page's threads leave
+#: one idle. Measured in the engine alone on 2 cores, phototest pages as bulk: 1.67 and 1.77
+#: pages/s alone, 0.20 and 0.20 beside interactive pages back to back (0.12 of the rate); at
+#: nice 10 it kept 0.50 and 0.43 of 1.73 and 1.73 (0.27).
+BACKGROUND_SHARE = 0.1
 #: Marks (:mod:`ocrserve.preprocess.marks`) a counted megapixel
 #: (:func:`~ocrserve.preprocess.marks.counted_pixels`: at most one a page) is expected to hold
 #: before any page has been decoded: about the densest pages of the development half of
@@ -529,9 +536,9 @@ class Router:
 
     def _keep_promises(self, lane: Lane, work: Work, client: str) -> None:
         """Admit single pages asking ``work`` only where the requests already admitted that they
-        overtake (:class:`Promise`) can still finish by their deadlines: their pages get the
-        engine's ``background_share`` of it while a single page is in it, so each loses the single
-        pages' :meth:`own_s` times ``1 -`` that from its slack. Admission prices single
+        overtake (:class:`Promise`) can still finish by their deadlines: their pages get
+        :data:`BACKGROUND_SHARE` of the engine while a single page is in it, so each loses the
+        single pages' :meth:`own_s` times ``1 -`` that from its slack. Admission prices single
         pages to come by the share of the last seconds they took (:meth:`estimate_s`); a stream
         that starts with or after a document is not in it: two 4-page documents admitted as a
         stream of single pages began from the same address, every 0.5 s, were answered 504.
@@ -546,7 +553,7 @@ class Router:
                 until the first such request is done by its bound).
         """
         own = self.own_s(work)
-        delay = own * (1 - self.engine.background_share)
+        delay = own * (1 - BACKGROUND_SHARE)
         broken = [promise for promise in self._promises if promise.slack_s < delay]
         if broken:
             # until the first of them is done by its bound (with the pages that overtook it since)
@@ -660,9 +667,9 @@ class Router:
         they were in fact answered beside in 0.7-1.2 s. Any other request gets what single pages
         leave of the engine: where single pages were in it a fraction ``f`` of the last
         :data:`INTERACTIVE_WINDOW_S`, its seconds are divided by
-        ``1 - f + f x`` the engine's ``background_share``. Without it, 8 of 11 flooding 4-page
-        documents admitted beside a single page every 0.5 s were answered 504. A client's own
-        single pages do not count where it sent them one after another (:meth:`BusyWindow.one_at_a_time`): one
+        ``1 - f + f x`` :data:`BACKGROUND_SHARE`. Without it, 8 of 11 flooding 4-page documents
+        admitted beside a single page every 0.5 s were answered 504. A client's own single pages
+        do not count where it sent them one after another (:meth:`BusyWindow.one_at_a_time`): one
         that did, then a 4-page document, had it refused on an idle engine as 264 s of work (the
         corpus, in order). Counting only the time single pages shared the engine with other pages
         instead let documents in at the start of a flood beside a stream of single pages, and 3
@@ -690,7 +697,7 @@ class Router:
         if bursts:
             return seconds, 0.0
         busy = self.interactive.fraction(excluding=client)
-        return seconds, (seconds - self.inside_s()) * (1 / (1 - busy + busy * self.engine.background_share) - 1)
+        return seconds, (seconds - self.inside_s()) * (1 / (1 - busy + busy * BACKGROUND_SHARE) - 1)
 
     def _work_ahead(self, lane: Lane, priority: int | None, arrival: int | None = None) -> Work:
         """The work queued ahead of a request of ``priority`` in ``lane`` (:meth:`Lane.work_ahead`;

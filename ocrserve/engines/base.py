@@ -61,11 +61,6 @@ class Engine(abc.ABC):
 
     #: Model id reported in results and ``/v1/models``.
     model: str = ""
-    #: The share of the engine a background page's stages still get while an interactive page is
-    #: in it (the router prices bulk work by it). Assumed where the engine does not say: vLLM
-    #: schedules by ``priority`` inside its batch, where a bulk request keeps the slots and
-    #: tokens that interactive ones leave.
-    background_share: float = 0.1
 
     def __init__(self) -> None:
         self.ready = False

@@ -152,11 +152,6 @@ class OnnxEngine(Engine):
     def slots(self) -> int:
         return 2 * self.cfg.det_workers
 
-    @property
-    def background_share(self) -> float:
-        """:attr:`BackgroundPriority.share` of the bulk stages' threads."""
-        return self._background_priority.share
-
     async def start(self) -> None:
         """Load both sets of ONNX sessions (detection, orientation, recognition) and run one synthetic
         page through each (straight, not through the batcher, which would hold it for

@@ -54,12 +54,6 @@ log = logging.getLogger(__name__)
 Recognize = Callable[[list[np.ndarray], int], list[tuple[str, float]]]
 
 
-#: Linux CFS's weight of a thread by nice value 0..19 (``sched_prio_to_weight``, kernel/sched/core.c).
-NICE_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
-#: CFS's weight of a SCHED_IDLE thread (``WEIGHT_IDLEPRIO``, kernel/sched/sched.h).
-IDLE_WEIGHT = 3
-
-
 @dataclass(frozen=True)
 class BackgroundPriority:
     """How the threads running background pages' stages yield the cores to interactive pages'
@@ -78,13 +72,6 @@ class BackgroundPriority:
 
     scheduling: str = "nice"
     nice: int = 0
-
-    @property
-    def share(self) -> float:
-        """The share of a core a background thread keeps beside one interactive thread at nice 0:
-        its CFS weight over both (0.5 at nice 0)."""
-        weight = IDLE_WEIGHT if self.scheduling == "idle" else NICE_WEIGHTS[min(self.nice, 19)]
-        return weight / (NICE_WEIGHTS[0] + weight)
 
     def apply(self) -> None:
         """Lower the calling thread's priority (Linux, where policy and nice value are per-thread

@@ -234,8 +234,8 @@ class OnnxEngineConfig(Section):
     aging_s: float = Field(
         2.0,
         ge=0,
-        description="A background (bulk) page in the engine this long runs its next stages as interactive, so "
-        "a steady stream of fast pages cannot starve it, seconds; 0 = never (strict)",
+        description="A background (bulk) page in the engine this long stops waiting for interactive pages to "
+        "leave before its next stages, so a steady stream of fast pages cannot stop it, seconds; 0 = never (strict)",
     )
     background_scheduling: Literal["idle", "nice"] = Field(
         "idle",

@@ -327,18 +327,19 @@ def _calls_per_actor(slots: int) -> int:
 def _worker_config(config: Config) -> Config:
     """The profile an OCR actor builds its engine from: ``config`` with the embedded engine sized
     to the :data:`CPUS_PER_ACTOR` cores an actor is given: that many detection workers
-    (``engine.onnx.det_workers``) and recognition runs at once (``rec_workers``), on one
-    onnxruntime thread per stage session (``intra_op_num_threads`` and ``background_threads`` 1,
-    so one set of sessions is built), at ``background_nice`` rather than SCHED_IDLE: an actor's
-    pages are all background, and at SCHED_IDLE they would wait for every decoding task on their
-    cores (``background_scheduling``). Single-threaded runs cost less CPU per page than two threads
-    each (engine alone, 36 corpus images on 2 cores, 8 pages in flight, alternating runs: 3.39 CPU
-    seconds a page against 3.58 with one detection worker on two-thread sessions, 31.7 and 31.8
-    pages/min). One recognition thread was the batch's bottleneck: sampled by py-spy over 60 s of
-    a batch run on 2 cores, it was busy (running or waiting for a core) 99% of the time and the
-    two detection workers 42% and 38%; the machine's CPU was 76% used. Two recognition threads
-    keep it busy: over the 72 corpus pages of ``scripts/bench_batch.py``'s batch side, runs one
-    after the other in one process, 38.4 pages/min (112.5 s) against 28.0 (154.3 s) with one."""
+    (``engine.onnx.det_workers``) and recognition runs at once (``rec_workers``), on one onnxruntime
+    thread per stage session (``intra_op_num_threads`` and ``background_threads`` 1, so one set of
+    sessions is built), at ``background_nice`` rather than SCHED_IDLE (``background_scheduling``):
+    an actor's pages are all background, with no interactive page to yield to, and under SCHED_IDLE
+    they would yield the cores to every decoding task as well. Single-threaded runs cost less CPU
+    per page than two threads each (engine alone, 36 corpus images on 2 cores, 8 pages in flight,
+    alternating runs: 3.39 CPU seconds a page against 3.58 with one detection worker on two-thread
+    sessions, 31.7 and 31.8 pages/min). One recognition thread was the batch's bottleneck: sampled
+    by py-spy over 60 s of a batch run on 2 cores, it was busy (running or waiting for a core) 99%
+    of the time and the two detection workers 42% and 38%; the machine's CPU was 76% used. Two
+    recognition threads keep it busy: over the 72 corpus pages of ``scripts/bench_batch.py``'s batch
+    side, runs one after the other in one process, 38.4 pages/min (112.5 s) against 28.0 (154.3 s)
+    with one."""
     onnx = config.engine.onnx.model_copy(
         update={
             "det_workers": CPUS_PER_ACTOR,

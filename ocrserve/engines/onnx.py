@@ -122,8 +122,7 @@ class OnnxEngine(Engine):
     page the moment it arrives, even in the middle of a bulk page's run (which cannot be
     interrupted otherwise), while bulk stages still share the cores among themselves as before.
     One thread per bulk stage also pipelines detection and recognition of different pages on 2
-    cores better than two threads each (measured, bulk
-    only: 77 pages/min against 69).
+    cores better than two threads each (measured, bulk only: 77 pages/min against 69).
     """
 
     def __init__(self, cfg: EngineConfig):

@@ -41,6 +41,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class BackgroundPriority:
     a background thread still takes 110 / 1134 of a core it shares.
     """
 
-    scheduling: str = "nice"
+    scheduling: Literal["idle", "nice"] = "nice"
     nice: int = 0
 
     def apply(self) -> None:

@@ -77,9 +77,9 @@ BACKGROUND_SHARE = 0.1
 #: first burst is priced as if its pages were full of text.
 PRIOR_MARKS_PER_MPX = 3000.0
 #: The quantile of how far fast requests held to the latency target finished past the bound they
-#: were admitted on that admission leaves free below the target (:meth:`Router._latency_headroom`):
+#: were admitted on that admission leaves free below the target (:meth:`Router.latency_headroom_s`):
 #: the target is one for the lane's p95.
-LATENCY_QUANTILE = 0.95
+HEADROOM_QUANTILE = 0.95
 #: The most of its seconds left a request may wait at admission for evidence
 #: (``router.evidence_wait_s``, :meth:`Router._await_evidence`).
 EVIDENCE_WAIT_SHARE = 0.2
@@ -889,7 +889,7 @@ class Router:
         the seconds it took to reach admission (its upload, inspection, previews), ``bound`` more
         (:meth:`_bound` with one page's quantile for the work ahead, not the narrower one of many
         pages together: the target is one for the lane's p95, not a deadline), and the
-        :meth:`_latency_headroom`. With the narrower bound and without the seconds before
+        :meth:`latency_headroom_s`. With the narrower bound and without the seconds before
         admission, the fast lane of a soak at twice its capacity answered at p95 6.54 s against a
         target of 6.1 s; with the seconds before admission, 4.26 s against 3.7; with both, and
         without the headroom, 5.67 s against 5.55.
@@ -902,7 +902,7 @@ class Router:
         now = time.monotonic()
         due = now + bound
         bound += now - arrived if arrived is not None else 0.0
-        bound += self._latency_headroom()
+        bound += self.latency_headroom_s()
         if bound <= target:
             return due
         wait = max(1, math.ceil(bound - target))
@@ -915,9 +915,9 @@ class Router:
             headers={"Retry-After": str(wait)},
         )
 
-    def _latency_headroom(self) -> float:
+    def latency_headroom_s(self) -> float:
         """Seconds admission leaves free below the fast lane's latency target: the
-        :data:`LATENCY_QUANTILE` quantile (nearest rank) of how far the last requests held to it
+        :data:`HEADROOM_QUANTILE` quantile (nearest rank) of how far the last requests held to it
         finished past the bound they were admitted on, once :data:`ENOUGH_PAGES` have; else 0.
         The bound prices the engine's seconds only; what else a request waits for (its result's
         assembly, an event loop busy with other uploads) adds to every one, and a lane kept at its
@@ -925,7 +925,7 @@ class Router:
         if len(self._latency_overruns) < ENOUGH_PAGES:
             return 0.0
         ranked = sorted(self._latency_overruns)
-        return max(0.0, ranked[math.ceil(LATENCY_QUANTILE * len(ranked)) - 1])
+        return max(0.0, ranked[math.ceil(HEADROOM_QUANTILE * len(ranked)) - 1])
 
     def _check_deadline(self, lane: Lane, pages: int, terms: Terms, estimate: float, work: Work) -> None:
         """Refuse now what could not finish before ``terms.deadline`` (``estimate`` s of work ahead

@@ -263,6 +263,7 @@ def test_stats_report_lanes_engine_and_jobs(http):
     assert stats["fast_max_pages"] == 4 and stats["cost_unit"] in ("pages", "visual_tokens")
     # what admission reckons now: a one-page request's seconds (test gateways have no latency target)
     assert fast["predicted_s"] > 0 and stats["fast_latency_target_s"] is None and stats["upper_factor"] >= 1
+    assert stats["fast_latency_headroom_s"] == 0.0
     schema = http.get("/openapi.json").json()
     assert "Stats" in schema["components"]["schemas"]
     assert "/v1/stats" in schema["paths"] and "/v1/preview" in schema["paths"]

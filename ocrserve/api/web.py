@@ -115,6 +115,10 @@ class Stats(BaseModel):
         description="the fast lane's latency target for a one-page request without timeout "
         "(router.fast.latency_target_s); null when it has none"
     )
+    fast_latency_headroom_s: float = Field(
+        description="seconds admission leaves free below that target: the 0.95 quantile of how far the last "
+        "requests held to it finished past the bound they were admitted on (0 until 16 have)"
+    )
     engine: EngineStats
     jobs: JobStats | None = Field(description="null while the job store does not answer")
 
@@ -160,6 +164,7 @@ async def stats(request: Request) -> Stats:
         lanes=lanes,
         upper_factor=round(factor, 3),
         fast_latency_target_s=round(router.latency_target_s(page), 3) if router.has_latency_target else None,
+        fast_latency_headroom_s=round(router.latency_headroom_s(), 3),
         engine=engine,
         jobs=await _job_stats(state.jobs),
     )

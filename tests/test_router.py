@@ -702,6 +702,24 @@ async def test_the_fast_lane_leaves_room_below_its_latency_target_for_what_its_b
             pass
 
 
+async def test_a_single_page_is_not_priced_by_the_over_run_of_bulk_pages_it_overtakes(make_router):
+    """A bulk page in the engine far past its prediction (a dense page priced at 0.02 s) says the
+    machine is slow to a request that waits for it, not to a single page, which overtakes it: the
+    single page is still admitted within a 0.3 s latency target, where the bulk page's over-run
+    (the engine's :meth:`Router.slowdown`) would price it at 0.02 s x 10 and more."""
+    router = make_router(initial_page_s=0.02, fast={"latency_target_s": 0.3})
+    bulk = asyncio.create_task(run_tagged(router, BULK, "dense", dense_page(), []))
+    await wait_until(lambda: router.in_flight == 1)
+    await asyncio.sleep(0.5)
+    single = router.request_work([(64, 64)], 1, [0])
+    assert router.slowdown() > 10 and router.slowdown(bursting=True) == 1.0
+    request = terms(router, FAST)
+    assert request.bursts
+    async with router.admit(request, 1, work=single) as reservation:
+        assert reservation.pending == 1
+    await bulk
+
+
 async def test_a_fast_document_finishes_beside_a_steady_stream_of_single_pages(make_router):
     """Two clients send single pages back to back (one in the engine, one in the burst slot, one
     queued at all times) while a 2-page fast document waits one step after them in the lane: the

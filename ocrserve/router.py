@@ -45,6 +45,7 @@ from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
 from ocrserve.preprocess.marks import counted_pixels
+from ocrserve.quantiles import nearest_rank
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
 from ocrserve.servicetime import ENOUGH_PAGES, NO_WORK, RATIOS_KEPT, ServiceTime, ShareClock, Work
 from ocrserve.work import Deadline, EngineClass
@@ -246,8 +247,7 @@ class Lane:
         self._forget(now)
         if not self._done:
             return None
-        seconds = sorted(s for _, s in self._done)
-        return seconds[max(0, math.ceil(q * len(seconds)) - 1)]
+        return nearest_rank(sorted(s for _, s in self._done), q)
 
     @property
     def requests(self) -> int:
@@ -934,8 +934,7 @@ class Router:
         target by the load answers at the target plus that."""
         if len(self._latency_overruns) < ENOUGH_PAGES:
             return 0.0
-        ranked = sorted(self._latency_overruns)
-        return max(0.0, ranked[math.ceil(HEADROOM_QUANTILE * len(ranked)) - 1])
+        return max(0.0, nearest_rank(sorted(self._latency_overruns), HEADROOM_QUANTILE))
 
     def _check_deadline(self, lane: Lane, pages: int, terms: Terms, estimate: float, work: Work) -> None:
         """Refuse now what could not finish before ``terms.deadline`` (``estimate`` s of work ahead

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ocrserve.quantiles import nearest_rank
+
 #: Weight of the newest page in the fit (about the last 1 / FIT_WEIGHT pages count).
 FIT_WEIGHT = 0.05
 #: How many pages' worth the prior ``(initial_s, 0, 0)`` weighs in the fit (a ridge towards it):
@@ -205,10 +207,10 @@ class ServiceTime:
         ranked = sorted(self.ratios)
         if not ranked:
             return 1.0
-        median = ranked[max(0, math.ceil(0.5 * len(ranked)) - 1)]
+        median = nearest_rank(ranked, 0.5)
         if len(ranked) < ENOUGH_PAGES:
             return max(1.0, median)
-        upper = ranked[max(0, math.ceil(UPPER_QUANTILE * len(ranked)) - 1)]
+        upper = nearest_rank(ranked, UPPER_QUANTILE)
         return max(1.0, median + (upper - median) / math.sqrt(max(1.0, pages)))
 
     @property

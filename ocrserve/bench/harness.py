@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from ocrserve.quantiles import nearest_rank
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,9 +29,7 @@ def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (0-100) by the nearest-rank method; NaN for no values."""
     if not values:
         return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    return nearest_rank(sorted(values), q / 100)
 
 
 class LocalGateway:

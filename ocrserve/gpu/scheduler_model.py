@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ocrserve.gpu.memory import BLOCK_SIZE
+from ocrserve.quantiles import nearest_rank
 
 PREFILL_FLOPS_PER_BYTE = 150.0
 """Prefill compute per byte/s of bandwidth, estimate: prefill is compute-bound, and datasheet
@@ -465,4 +466,4 @@ def _demand(ctx: np.ndarray, blocks_now: np.ndarray, steps: int, block: int) -> 
 def _pct(ordered: list[float], q: float) -> float:
     if not ordered:
         return math.nan
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+    return nearest_rank(ordered, q / 100)

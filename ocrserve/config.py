@@ -400,12 +400,18 @@ class PreprocessConfig(Section):
         description="Decoding processes for every other page (bulk, jobs, fast documents above "
         "router.fast.urgent_pages); 0 = as many as workers",
     )
+    background_scheduling: Literal["idle", "nice"] = Field(
+        "nice",
+        description="How the background decoding processes yield the cores to an interactive page's decoding "
+        "and OCR (Linux): idle = the SCHED_IDLE policy, a core only when no other thread wants one; nice = "
+        "background_nice",
+    )
     background_nice: int = Field(
         10,
         ge=0,
         le=19,
-        description="Nice value added to the background decoding processes (Linux), so an interactive "
-        "page's decoding and OCR take the cores from them; 0 = off",
+        description="Nice value added to the background decoding processes where background_scheduling is nice "
+        "(Linux); 0 = off",
     )
     worker_memory_mb: int = Field(
         2048, ge=256, description="Address space of each decoding process, MiB (a document needing more: 422)"

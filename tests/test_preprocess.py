@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import io
+import os
 import struct
 import subprocess
 import sys
@@ -215,6 +216,24 @@ async def test_pool_recovers_after_a_worker_dies():
         assert pages[0].image.shape == (480, 640, 3)
     finally:
         preprocessor.close()
+
+
+@pytest.mark.parametrize("scheduling", ["idle", "nice"])
+async def test_background_decoding_processes_yield_the_cores(scheduling):
+    """The background pool's processes run under SCHED_IDLE (``preprocess.background_scheduling``
+    idle) or at nice +10 (nice, ``background_nice``); the interactive pool's keep the gateway's
+    policy and nice value."""
+    cfg = PreprocessConfig(workers=1, background_workers=1, background_scheduling=scheduling)
+    preprocessor = Preprocessor(cfg)
+    policy, nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        await preprocessor.warm_up()
+        interactive, background = preprocessor.worker_pids()
+        seen = [(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)) for pid in (interactive, background)]
+    finally:
+        preprocessor.close()
+    low = (os.SCHED_IDLE, nice) if scheduling == "idle" else (policy, min(nice + 10, 19))
+    assert seen == [(policy, nice), low]
 
 
 async def test_a_free_decoding_process_goes_to_the_most_urgent_task():

@@ -34,61 +34,23 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from ocrserve import metrics
 from ocrserve.alarm import Alarm
 from ocrserve.engines.base import PageError
+from ocrserve.priority import BackgroundPriority
 from ocrserve.work import EngineClass
 
 log = logging.getLogger(__name__)
 
 Recognize = Callable[[list[np.ndarray], int], list[tuple[str, float]]]
-
-
-@dataclass(frozen=True)
-class BackgroundPriority:
-    """How the threads running background pages' stages yield the cores to interactive pages'
-    (``engine.onnx.background_scheduling`` and ``background_nice``).
-
-    Attributes:
-        scheduling: ``idle``: the SCHED_IDLE policy (``man 7 sched``): a core only when no thread of
-            a normal policy wants one; ``nice``: ``nice`` added to the thread's nice value.
-        nice: for ``nice``; 0 leaves the threads as they are.
-
-    In the engine alone (2 cores), a phototest page every 0.3 s beside two 4-page documents of
-    turned pages run as bulk in a loop took 0.50 and 0.54 s on average at ``idle`` (0.49 and
-    0.51 s with nothing beside it), and 0.67 and 0.72 s at nice 10 (0.54 and 0.54 s): at nice 10
-    a background thread still takes 110 / 1134 of a core it shares.
-    """
-
-    scheduling: Literal["idle", "nice"] = "nice"
-    nice: int = 0
-
-    def apply(self) -> None:
-        """Lower the calling thread's priority (Linux, where policy and nice value are per-thread
-        attributes: ``man 2 setpriority``, BUGS); elsewhere, or where refused, log and carry on.
-
-        Neither needs a privilege; neither can be undone without CAP_SYS_NICE, so this is for
-        threads that only ever run background work.
-        """
-        try:
-            if self.scheduling == "idle":
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            elif self.nice:
-                thread = threading.get_native_id()
-                os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + self.nice)
-        except (AttributeError, OSError) as exc:
-            log.warning("cannot lower the priority of background threads: %s", exc)
 
 
 def background_pool(workers: int, priority: BackgroundPriority, name: str) -> ThreadPoolExecutor:

@@ -38,6 +38,7 @@ from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
+from ocrserve.priority import BackgroundPriority
 from ocrserve.work import is_urgent
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
@@ -624,7 +625,7 @@ def _decode_or_fail(decode, index: int) -> Page | DecodeFailure:
 class Preprocessor:
     """Runs :func:`inspect_document` and :func:`decode_pages` in two process pools: one for
     interactive work (priority <= :data:`~ocrserve.work.URGENT`), and one for everything else
-    (``preprocess.background_workers`` processes at ``preprocess.background_nice``), so that the
+    (``preprocess.background_workers`` processes at ``preprocess.background_scheduling``), so that the
     decoding of a flood of documents never holds up, nor takes the cores from, an interactive page.
 
     Args:
@@ -636,7 +637,8 @@ class Preprocessor:
     def __init__(self, cfg: PreprocessConfig):
         self.cfg = cfg
         self._pool = DecodePool(cfg)
-        self._background = DecodePool(cfg, cfg.background_workers or self._pool.size, cfg.background_nice)
+        background = BackgroundPriority(cfg.background_scheduling, cfg.background_nice)
+        self._background = DecodePool(cfg, cfg.background_workers or self._pool.size, background)
 
     def _pool_for(self, priority: int) -> DecodePool:
         return self._pool if is_urgent(priority) else self._background

@@ -32,6 +32,7 @@ from ocrserve import heap
 from ocrserve.alarm import PrioritySemaphore, within
 from ocrserve.config import PreprocessConfig
 from ocrserve.errors import PoisonDocument
+from ocrserve.priority import BackgroundPriority
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,10 @@ WARNINGS_PER_MINUTE = 10
 MIB = 2**20
 
 
-def _worker_init(gateway_pid: int, memory_mb: int, nice: int) -> None:
+def _worker_init(gateway_pid: int, memory_mb: int, priority: BackgroundPriority) -> None:
     # Each worker decodes one page at a time; keep native libraries from spawning thread pools.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError as exc:
-            log.warning("cannot lower the priority of a background decoding process: %s", exc)
+    priority.apply()
     # Ctrl-C reaches the terminal's whole process group: the gateway drains, then closes the pool,
     # which ends this process; a KeyboardInterrupt here would lose its page and print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -143,12 +140,12 @@ class WorkerLost(Exception):
 class _Worker:
     """One decoding process: a one-process executor, so a crash breaks nothing but its own task."""
 
-    def __init__(self, cfg: PreprocessConfig, nice: int):
+    def __init__(self, cfg: PreprocessConfig, priority: BackgroundPriority):
         self.executor = ProcessPoolExecutor(
             1,
             mp_context=get_context("spawn"),
             initializer=_worker_init,
-            initargs=(os.getpid(), cfg.worker_memory_mb, nice),
+            initargs=(os.getpid(), cfg.worker_memory_mb, priority),
         )
         self.pid: int | None = None
         self.dead = False
@@ -206,14 +203,14 @@ class DecodePool:
         cfg: the workers' limits (``workers``, ``worker_memory_mb``, ``worker_recycle_mb``,
             ``page_timeout_s``).
         size: processes; None: ``cfg.workers`` (0: one per core).
-        nice: added to each process's nice value (Linux; 0: none).
+        priority: how each process yields the cores (the default: as the gateway's own).
     """
 
-    def __init__(self, cfg: PreprocessConfig, size: int | None = None, nice: int = 0):
+    def __init__(self, cfg: PreprocessConfig, size: int | None = None, priority: BackgroundPriority = BackgroundPriority()):
         self.cfg = cfg
         self.size = size or cfg.workers or os.cpu_count() or 1
-        self.nice = nice
-        self._workers = [_Worker(cfg, nice) for _ in range(self.size)]
+        self.priority = priority
+        self._workers = [_Worker(cfg, self.priority) for _ in range(self.size)]
         self._idle = list(self._workers)
         self._turn = PrioritySemaphore(self.size)  # one permit per idle worker
 
@@ -270,7 +267,7 @@ class DecodePool:
         if held is not None:
             log.info("replacing a decoding process holding %.0f MiB (preprocess.worker_recycle_mb)", held)
         worker.close(wait=False)
-        fresh = _Worker(self.cfg, self.nice)
+        fresh = _Worker(self.cfg, self.priority)
         self._workers[self._workers.index(worker)] = fresh
         asyncio.ensure_future(fresh.start()).add_done_callback(_retrieve)  # ready for the next task
         return fresh

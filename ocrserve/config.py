@@ -401,7 +401,7 @@ class PreprocessConfig(Section):
         "router.fast.urgent_pages); 0 = as many as workers",
     )
     background_scheduling: Literal["idle", "nice"] = Field(
-        "nice",
+        "idle",
         description="How the background decoding processes yield the cores to an interactive page's decoding "
         "and OCR (Linux): idle = the SCHED_IDLE policy, a core only when no other thread wants one; nice = "
         "background_nice",

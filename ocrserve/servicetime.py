@@ -25,9 +25,10 @@ seconds over what the model predicted for it before it finished are kept (the la
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
 their :data:`UPPER_QUANTILE` quantile, drawn towards their median for many pages together (their
 median, and at least a margin for what the model has not seen until :data:`ENOUGH_PAGES` have
-been kept: :data:`UNSEEN_FACTOR` before the first, then :data:`PRIOR_FACTOR`): wide while the
-model knows little, tightening as evidence comes, and widening again when recent pages run slower
-than predicted (a busy machine, pages of a kind it has not seen).
+been kept: :data:`UNSEEN_FACTOR` before the first, then their median times a factor from
+:data:`PRIOR_FACTOR` narrowing with their number): wide while the model knows little, tightening
+as evidence comes, and widening again when recent pages run slower than predicted (a busy
+machine, pages of a kind it has not seen).
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ UPPER_QUANTILE = 0.9
 #: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
 #: largest few, which says little).
 ENOUGH_PAGES = 16
-#: The factor until then (:meth:`ServiceTime.prior_margin`) once a ratio has been kept: the
-#: service-time model of a fresh gateway was off by up to 2x on pages unlike its calibration pages
-#: (a dense scan against the letter page).
+#: The factor after one ratio has been kept, times their median, narrowing towards it as more are
+#: (:meth:`ServiceTime.prior_margin`): the service-time model of a fresh gateway was off by up to
+#: 2x on pages unlike its calibration pages (a dense scan against the letter page).
 PRIOR_FACTOR = 2.0
 #: The factor before any ratio has been kept: nothing yet says how far the calibration pages' fit
 #: is off for the pages clients send. A fresh gateway's fit priced 2-page documents of turned
@@ -220,13 +221,25 @@ class ServiceTime:
 
     def prior_margin(self) -> float:
         """The margin for what the model has not seen: :data:`UNSEEN_FACTOR` before any ratio was
-        kept, :data:`PRIOR_FACTOR` while :attr:`warming`, then 1 (the ratios' own quantile takes
-        over). Shrinking it linearly to 1 over those pages instead let a 2-page document of scans
-        in at a margin of 1.6 after six pages, on a machine with a core kept busy, and it was
-        answered after its client's timeout."""
+        kept; while :attr:`warming`, with ``n`` ratios kept, their median (at least 1) times
+        ``1 + (PRIOR_FACTOR - 1) / sqrt(n)``; then 1 (the ratios' own quantile takes over).
+
+        The median of ``n`` ratios is off by about their spread over ``sqrt(n)`` (the standard
+        error of an estimate from ``n`` samples); until enough have been kept to measure that
+        spread it is taken as :data:`PRIOR_FACTOR` - 1 times the median, so the margin is
+        ``PRIOR_FACTOR`` times the median after one page and narrows as pages come. A flat
+        :data:`PRIOR_FACTOR` until :data:`ENOUGH_PAGES` had been kept admitted 1 of 12 2-page
+        documents of scans after 30 s of the same documents, where the engine alone would finish
+        3. A margin shrinking from 2 to 1 over those pages whatever the ratios said let a 2-page
+        document of scans in at 1.6 after six pages, on a machine with a core kept busy, and it
+        was answered after its client's timeout; here the median carries such a machine's
+        over-run."""
         if not self.ratios:
             return UNSEEN_FACTOR
-        return PRIOR_FACTOR if self.warming else 1.0
+        if not self.warming:
+            return 1.0
+        median = max(1.0, nearest_rank(sorted(self.ratios), 0.5))
+        return median * (1.0 + (PRIOR_FACTOR - 1.0) / math.sqrt(len(self.ratios)))
 
     def upper_factor(self, pages: float = 1.0) -> float:
         """What admission multiplies an estimate of ``pages`` pages by (module docstring):

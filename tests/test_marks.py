@@ -32,6 +32,22 @@ def test_a_blank_page_a_frame_and_a_rule_have_no_marks():
     assert count_marks(np.asarray(framed)) <= 1
 
 
+def test_characters_on_a_forms_lines_count_one_by_one():
+    """phototest with a rule along the foot of each text line and a vertical rule through all of
+    them, each touching its characters, as on a form: without the rules taken out, each line with
+    its rule would be one component (or the whole page one, too tall to count)."""
+    page = phototest().convert("RGB")
+    plain = count_marks(np.asarray(page))
+    inked = (np.asarray(page.convert("L")) < 128).any(axis=1)
+    feet = [y for y in range(1, len(inked)) if inked[y - 1] and not inked[y]]  # the row below each text line
+    assert len(feet) >= 8
+    draw = ImageDraw.Draw(page)
+    for y in feet:
+        draw.line((0, y - 2, page.width, y - 2), fill="black", width=3)
+    draw.line((page.width // 2, 0, page.width // 2, page.height), fill="black", width=3)
+    assert count_marks(np.asarray(page)) == pytest.approx(plain, rel=0.15)
+
+
 def test_light_text_on_a_dark_page_counts_as_the_same_text():
     page = np.asarray(phototest())
     assert count_marks(255 - page) == pytest.approx(count_marks(page), rel=0.1)

@@ -62,16 +62,19 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
     """The factor admission multiplies its estimates by: 4 before any page was measured against a
-    fit, 2 until 16 pages were seen after the first three (a fit of fewer is underdetermined), then
-    the 0.9 quantile of how far pages ran over their prediction; pages slower than predicted widen
-    it."""
+    fit; then, until 16 pages were seen after the first three (a fit of fewer is underdetermined),
+    their median over-run times ``1 + 1 / sqrt(n)``: 2 after one, 1.5 after four; then the 0.9
+    quantile of how far pages ran over their prediction; pages slower than predicted widen it."""
     model = ServiceTime(initial_s=1.0)
     for _ in range(FIT_PAGES):
         assert model.upper_factor() == UNSEEN_FACTOR == 4.0 and model.warming
         model.record(page(1, 1), 0.5)
     model.record(page(1, 1), 0.5)
-    assert model.upper_factor() == PRIOR_FACTOR == 2.0 and model.warming
-    for _ in range(ENOUGH_PAGES - 1):
+    assert model.upper_factor() == pytest.approx(PRIOR_FACTOR, abs=0.05) and PRIOR_FACTOR == 2.0 and model.warming
+    for _ in range(3):
+        model.record(page(1, 1), 0.5)
+    assert model.upper_factor() == pytest.approx(1.5, abs=0.05) and model.warming
+    for _ in range(ENOUGH_PAGES - 4):
         model.record(page(1, 1), 0.5)  # every page as predicted once the fit has one
     assert len(model.ratios) == ENOUGH_PAGES  # none against the prior of 1 s or a fit of fewer pages
     assert model.ratios[0] == pytest.approx(1.0, abs=0.05)
@@ -79,6 +82,13 @@ def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
     for _ in range(8):  # a busy machine: pages now take three times their prediction
         model.record(page(1, 1), 3 * model.seconds(page(1, 1)))
     assert model.upper_factor() >= 2.5
+
+
+def test_a_machine_slower_than_at_calibration_widens_the_margin_while_few_were_seen():
+    """Four pages each 1.5 times their prediction: the margin is their median times 1.5."""
+    model = ServiceTime(initial_s=1.0)
+    model.ratios.extend([1.5] * 4)
+    assert model.warming and model.prior_margin() == pytest.approx(1.5 * 1.5)
 
 
 def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_seen():
@@ -89,7 +99,7 @@ def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_
         model.record(page(1, 1), seconds)
     assert max(model.ratios) > 5
     assert model.over_run() == pytest.approx(1.0, abs=0.2)
-    assert model.upper_factor() == model.prior_margin() == PRIOR_FACTOR
+    assert model.upper_factor() == model.prior_margin() < 1.0 + 1.0 / math.sqrt(5) + 0.2
 
 
 def test_over_runs_of_many_pages_together_narrow_towards_the_median():

@@ -206,7 +206,9 @@ class DecodePool:
         priority: how each process yields the cores (the default: as the gateway's own).
     """
 
-    def __init__(self, cfg: PreprocessConfig, size: int | None = None, priority: BackgroundPriority = BackgroundPriority()):
+    def __init__(
+        self, cfg: PreprocessConfig, size: int | None = None, priority: BackgroundPriority = BackgroundPriority()
+    ):
         self.cfg = cfg
         self.size = size or cfg.workers or os.cpu_count() or 1
         self.priority = priority

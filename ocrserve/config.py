@@ -518,13 +518,13 @@ class RouterConfig(Section):
         description="Seconds a page is taken to spend in the engine until one has been measured (admission estimates)",
     )
     evidence_wait_s: float = Field(
-        0.0,
+        5.0,
         ge=0,
         description="While admission's cost model has seen few pages, a document (not a single page) with a "
         "deadline that only the model's margin for the unseen refuses waits up to this many seconds (and at most a "
         "fifth of its time left) for pages to finish and narrow it, then is admitted or refused (refused where no page "
-        "finished meanwhile); 0 = refuse at once. Off by default: the first pages to finish can be a document's "
-        "quickest, and a fresh gateway that waited admitted a document it then answered late",
+        "finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets the margin for pages "
+        "it has not seen (4) alone",
     )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(

@@ -3,11 +3,14 @@
 Recognition dominates an OCR engine's time on a page full of text, and it grows with the characters
 on the page; detection grows with the page's pixels. Pixels are known from a page's size alone;
 characters are not. A page's marks stand in for them: the connected components of its ink (Otsu's
-threshold on the grey page, brought down to :data:`~ocrserve.preprocess.MARKS_PIXELS` first) that
-are no taller than :data:`MAX_MARK_HEIGHT` of the page (a frame, a rule or a dark border is one
-large component, not text). A Latin character is one mark or two, a CJK character several, and
-characters that touch on a poor scan count as one: a proxy, which the admission's model of a page's
-seconds (:mod:`ocrserve.servicetime`) weighs by fitting it to finished pages.
+threshold on the grey page, brought down to :data:`~ocrserve.preprocess.MARKS_PIXELS` first, its
+rules taken out: :func:`without_rules`) that are no taller than :data:`MAX_MARK_HEIGHT` of the page
+(a frame or a dark border is one large component, not text). A Latin character is one mark or two,
+a CJK character several, and characters that touch on a poor scan count as one: a proxy, which the
+admission's model of a page's seconds (:mod:`ocrserve.servicetime`) weighs by fitting it to
+finished pages. With a form's rules left in, the characters touching them were one component with
+them: a noisy held-out form scanned at 150 dpi counted 365 marks for the 1,353 characters read
+(1.9 s against 0.9 s predicted); without them, 692 at 200 dpi (1.8 s against 1.2 s).
 
 They are counted twice: before a request is admitted, on a small grey preview of its first pages
 (:func:`~ocrserve.preprocess.preview_pages`, :func:`count_each`), so that admission prices a

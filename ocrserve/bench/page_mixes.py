@@ -187,9 +187,9 @@ class PageMix:
             sizes = figures["smallest"]
             if figures["largest"] != sizes:
                 sizes += f" .. {figures['largest']}"
-            parts.append(f"{kind} {figures['pages']} ({figures['megapixels']:g} Mpx, {sizes})")
+            parts.append(f"{kind}: {_pages(figures['pages'])} ({figures['megapixels']:g} Mpx, {sizes})")
         total = sum(p.pixels for p in self.pages) / 1e6
-        return f"{self.name}{where}: {len(self.pages)} pages, {total:.1f} Mpx: " + "; ".join(parts)
+        return f"{self.name}{where}: {_pages(len(self.pages))}, {total:.1f} Mpx: " + "; ".join(parts)
 
     def as_dict(self) -> dict:
         """Everything but the document's bytes (their count instead), for a JSON report."""
@@ -208,6 +208,11 @@ class PageMix:
 
 def _size(page: MixPage) -> str:
     return f"{page.width}x{page.height}"
+
+
+def _pages(count: int) -> str:
+    """``1 page``, ``2 pages``."""
+    return f"{count} page{'s' * (count != 1)}"
 
 
 def split_of(file: str) -> str:

@@ -247,10 +247,11 @@ class OnnxEngine(Engine):
 
     @staticmethod
     def _confirmed(stages: Stages, boxes: np.ndarray, crops: list[np.ndarray], rotation: int) -> int:
-        """The voted ``rotation``, or its half-turn opposite where recognition reads the page's
-        :data:`ROTATION_SAMPLE` longest lines of its way (wide at 0 or 180, tall at 90 or 270)
-        better turned half round: the orientation classifier can be sure and wrong (light text on
-        dark reads as upside down to it). An upright vote is taken as it is."""
+        """The voted ``rotation``, or its half-turn opposite where recognition reads the first
+        :data:`ROTATION_SAMPLE_WIDTH` line-heights of the page's :data:`ROTATION_SAMPLE` longest
+        lines of its way (wide at 0 or 180, tall at 90 or 270) better turned half round: the
+        orientation classifier can be sure and wrong (light text on dark reads as upside down to
+        it). An upright vote is taken as it is."""
         if rotation == 0:
             return 0
         lengths = _lengths(boxes)

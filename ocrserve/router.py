@@ -722,7 +722,7 @@ class Router:
     def _pages_ahead(self, lane: Lane, priority: int | None, bursts: bool, arrival: int | None = None) -> float:
         """The pages queued ahead of a request (:meth:`_work_ahead`) and in the engine (those that
         burst, for a request that ``bursts``)."""
-        in_engine = sum(1 for t in self._running.values() if t.terms.bursts or not bursts)
+        in_engine = len(self._in_engine(bursts))
         return self._work_ahead(lane, priority, arrival).pages + in_engine
 
     def _awaited(self, lane: str, priority: int | None, arrival: int | None) -> Work:
@@ -798,6 +798,11 @@ class Router:
             return min(left) * max(1, self.clock.pages)
         return self.service.seconds(self.mean_work)
 
+    def _in_engine(self, bursting_only: bool) -> list[Ticket]:
+        """The pages in the engine now (those that burst, with ``bursting_only``: what a request
+        whose pages burst waits for, and whose over-run it shares)."""
+        return [t for t in self._running.values() if t.terms.bursts or not bursting_only]
+
     def in_engine_s(self, bursting_only: bool = False, frozen: float | None = None) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
         each page's predicted share less what it has had (by the share clock's reading ``frozen``,
@@ -806,8 +811,7 @@ class Router:
         now = self.clock.now() if frozen is None else min(self.clock.now(), frozen)
         return sum(
             max(t.predicted_s - max(0.0, now - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
-            for t in self._running.values()
-            if t.terms.bursts or not bursting_only
+            for t in self._in_engine(bursting_only)
         )
 
     def own_s(self, work: Work) -> float:
@@ -869,11 +873,7 @@ class Router:
         by design while single pages pass them (beside a bulk flood of scans, a single page that
         took 0.5 s was refused 14 times in 7.5 s, priced at 4.9-7.0 s)."""
         now = self.clock.now()
-        running = sorted(
-            (now - t.entered) / t.predicted_s
-            for t in self._running.values()
-            if t.predicted_s and (t.terms.bursts or not bursting)
-        )
+        running = sorted((now - t.entered) / t.predicted_s for t in self._in_engine(bursting) if t.predicted_s)
         return running[len(running) // 2] if running else 1.0
 
     @property

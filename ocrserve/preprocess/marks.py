@@ -12,6 +12,13 @@ finished pages. With a form's rules left in, the characters touching them were o
 them: a noisy held-out form scanned at 150 dpi counted 365 marks for the 1,353 characters read
 (1.9 s against 0.9 s predicted); without them, 692 at 200 dpi (1.8 s against 1.2 s).
 
+What marks do not see is where a line of text ends. The embedded engine's recognition gives each
+detected line at least the width of one 6.7 times as wide as it is high (RapidOCR's
+``rec_img_shape``, ``[3, 48, 320]``), so a page of short fields (a form, a table of numbers) costs
+more than its marks say: on the held-out half, recognition ran 2.76 times over a fit on the marks
+for a noisy form of 119 lines and 4.31 times for a table of 454, where a fit on the engine's own
+lines, ``max(6.67, width / height)`` each, was within 0.98-1.05 (``docs/benchmarks.md``).
+
 They are counted twice: before a request is admitted, on a small grey preview of its first pages
 (:func:`~ocrserve.preprocess.preview_pages`, :func:`count_each`), so that admission prices a
 burst by the text it holds; and on each decoded page as it is queued

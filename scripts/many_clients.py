@@ -259,7 +259,7 @@ def print_documents(case: dict, mix: PageMix) -> None:
     print("  completed in time at (s): " + ", ".join(f"{s:.1f}" for s in case["completed_at_s"]))
     if case["refused"]:
         print(
-            f"  refused (503/429): {case['refused']}, the slowest in {case['refused_slowest_s']:.2f} s, "
+            f"  refused (503/429): {case['refused']}{within(case['refused_slowest_s'])}, "
             f"all with Retry-After: {case['refused_all_retry_after']}"
         )
     if case["other_4xx"] or case["no_answer"]:

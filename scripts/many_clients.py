@@ -137,7 +137,7 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
     """The figures of a burst (see the module's docstring); ``rate`` is the engine alone's pages/s.
     ``accepted`` counts answers neither refused (503, 429) nor another 4xx, nor missing."""
     in_time = sorted(o.seconds for o in outcomes if o.status == 200 and o.seconds <= timeout)
-    refused = [o for o in outcomes if o.status in REFUSED]
+    refused = refusals(outcomes)
     late = {
         "late_504": sum(o.status == 504 for o in outcomes),
         "late_after_timeout": sum(o.status == 200 and o.seconds > timeout for o in outcomes),
@@ -322,6 +322,11 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
 
+def refusals(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes that were refusals (503 or 429)."""
+    return [o for o in outcomes if o.status in REFUSED]
+
+
 def slowest(outcomes: list[Outcome]) -> float | None:
     """Seconds the slowest of ``outcomes`` took to come, or None for none."""
     return round(max(o.seconds for o in outcomes), 3) if outcomes else None
@@ -362,7 +367,7 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     for thread in threads:
         thread.join()
     answered = [o.seconds for o in loaded if o.status == 200]
-    small_refused, flood_refused = ([o for o in outcomes if o.status in REFUSED] for outcomes in (loaded, flood))
+    small_refused, flood_refused = refusals(loaded), refusals(flood)
     return {
         "scenario": "mixed",
         "mix": mix.name,

@@ -24,9 +24,10 @@ class Page:
         text_layer: a PDF page's result read from its own text layer
             (:mod:`ocrserve.preprocess.textlayer`): the page needs no OCR; None otherwise.
         blank: the page has no ink (:mod:`ocrserve.preprocess.blank`): it needs no OCR.
-        marks: the character-sized blobs of ink on ``image`` (:mod:`ocrserve.preprocess.marks`):
-            how much text it holds, which admission prices the page by; counted in the gateway
-            as the page is queued (:class:`~ocrserve.pipeline.PagePipeline`), 0 until then.
+        line_units: the text lines on ``image``, weighed as recognition weighs them
+            (:mod:`ocrserve.preprocess.lines`): how much text it holds, which admission prices the
+            page by; counted in the gateway on its preview before admission, or as the page is
+            queued (:class:`~ocrserve.pipeline.PagePipeline`); None until then.
     """
 
     index: int
@@ -38,7 +39,7 @@ class Page:
     orientation: bool = True
     text_layer: PageResult | None = None
     blank: bool = False
-    marks: int = 0
+    line_units: float | None = None
 
     def known_result(self) -> PageResult | None:
         """The page's result where it needs no engine: its PDF text layer's, or for a blank page

@@ -20,7 +20,7 @@ from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, ProblemError
 from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure
-from ocrserve.preprocess.marks import count_marks
+from ocrserve.preprocess.lines import line_units
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms
 
@@ -115,16 +115,19 @@ class PagePipeline:
     def __init__(self, router: Router):
         self.router = router
 
-    async def run(self, page: Page | DecodeFailure, reservation: Reservation, terms: Terms) -> Attempt:
+    async def run(
+        self, page: Page | DecodeFailure, reservation: Reservation, terms: Terms, units: float | None = None
+    ) -> Attempt:
         """One try of one page under ``terms`` (:func:`attempt_page`, through the router); the page
-        takes one page of ``reservation``.
+        takes one page of ``reservation``. ``units``: its line units counted on its preview
+        (:mod:`ocrserve.preprocess.lines`); None: counted on the decoded page now.
 
         Raises:
             asyncio.CancelledError: its request went away (the page is dropped or aborted).
         """
 
         async def submit(page: Page) -> PageResult:
-            page.marks = await asyncio.to_thread(count_marks, page.image)
+            page.line_units = units if units is not None else await asyncio.to_thread(line_units, page.image)
             return await self.router.submit(page, reservation, terms)
 
         try:

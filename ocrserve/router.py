@@ -44,7 +44,7 @@ from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.latency_limit import LatencyLimit
 from ocrserve.pages import Page, PageResult
 from ocrserve.policies import FairTags, create_policy
-from ocrserve.preprocess.marks import counted_pixels
+from ocrserve.preprocess.lines import counted_pixels
 from ocrserve.quantiles import nearest_rank
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
 from ocrserve.servicetime import ENOUGH_PAGES, NO_WORK, RATIOS_KEPT, ServiceTime, ShareClock, Work
@@ -54,7 +54,7 @@ from ocrserve.work import Deadline, EngineClass
 DRAIN_WINDOW_S = 60.0
 #: Seconds between dispatch attempts while nothing wakes the dispatcher.
 RECHECK_S = 0.5
-#: Weight of the newest page in the moving averages of a page's cost, work and marks per pixel
+#: Weight of the newest page in the moving averages of a page's cost, work and line units per pixel
 #: (:meth:`Router.request_cost`, :meth:`Router.request_work`).
 SERVICE_EWMA = 0.2
 #: A page in the engine counts in estimates with what is left of its predicted seconds, but with
@@ -70,13 +70,13 @@ INTERACTIVE_WINDOW_S = 30.0
 #: pages/s alone, 0.20 and 0.20 beside interactive pages back to back (0.12 of the rate); at
 #: nice 10 it kept 0.50 and 0.43 of 1.73 and 1.73 (0.27).
 BACKGROUND_SHARE = 0.1
-#: Marks (:mod:`ocrserve.preprocess.marks`) a counted megapixel
-#: (:func:`~ocrserve.preprocess.marks.counted_pixels`: at most one a page) is expected to hold
+#: Line units (:mod:`ocrserve.preprocess.lines`) a counted megapixel
+#: (:func:`~ocrserve.preprocess.lines.counted_pixels`: at most one a page) is expected to hold
 #: before any page has been decoded: about the densest pages of the development half of
-#: ``../shared/corpus``, normalized on the local profile (``linn.png`` 3,068,
-#: ``unlv_8071_093.3B.tif`` 2,994, ``multicol_05.jpg`` 2,961; ``phototest.tif`` 778), so that a
-#: first burst is priced as if its pages were full of text.
-PRIOR_MARKS_PER_MPX = 3000.0
+#: ``../shared/corpus``, normalized on the local profile (``multi_column_miss.pdf`` 1,713,
+#: ``linn.png`` 1,474, ``multicol_05.jpg`` 1,373; ``phototest.tif`` 362), so that a first burst
+#: is priced as if its pages were full of text.
+PRIOR_UNITS_PER_MPX = 1700.0
 #: The quantile of how far fast requests held to the latency target finished past the bound they
 #: were admitted on that admission leaves free below the target (:meth:`Router.latency_headroom_s`):
 #: the target is one for the lane's p95.
@@ -388,7 +388,7 @@ class Router:
         self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.mean_work = Work(pages=1)  # moving average of a dispatched page's work
-        self.marks_per_mpx = PRIOR_MARKS_PER_MPX  # moving average over decoded pages
+        self.units_per_mpx = PRIOR_UNITS_PER_MPX  # moving average over decoded pages
         self.limiter = LatencyLimit(self.capacity) if cfg.concurrency == "adaptive" else None
         metrics.CONCURRENCY_LIMIT.set(self.limit)
 
@@ -432,27 +432,28 @@ class Router:
         return max(1, page.visual_tokens) if self.cfg.cost == "visual_tokens" else 1
 
     def page_work(self, page: Page) -> Work:
-        """A decoded page's work: the pixels the engine reads for it and its marks."""
+        """A decoded page's work: the pixels the engine reads for it and its line units (0 where
+        they were not counted)."""
         height, width = page.image.shape[:2]
-        return Work(1, self.engine.input_pixels(height, width), page.marks)
+        return Work(1, self.engine.input_pixels(height, width), page.line_units or 0.0)
 
-    def request_work(self, sizes: list[tuple[int, int]] | None, pages: int, marks: Sequence[int | None] = ()) -> Work:
+    def request_work(self, sizes: list[tuple[int, int]] | None, pages: int, units: Sequence[float | None] = ()) -> Work:
         """The work of ``pages`` pages not decoded yet: from their normalized ``(width, height)``
         ``sizes`` where known, else (a job's page, admitted before it is claimed) ``pages`` x the
-        moving average of a page's work. Their pixels are exact; their marks those counted on
-        previews of the first pages (``marks``, in the order of ``sizes``; None: not previewed),
-        the others' at the previewed pages' marks per counted pixel
-        (:func:`~ocrserve.preprocess.marks.counted_pixels`), or without any, the pages decoded
+        moving average of a page's work. Their pixels are exact; their line units those counted on
+        previews of the first pages (``units``, in the order of ``sizes``; None: not previewed),
+        the others' at the previewed pages' units per counted pixel
+        (:func:`~ocrserve.preprocess.lines.counted_pixels`), or without any, the pages decoded
         lately's."""
         if sizes is None:
             return self.mean_work.scaled(pages)
         pixels = sum(self.engine.input_pixels(h, w) for w, h in sizes)
         counted = [counted_pixels(h, w) for w, h in sizes]
-        seen = [(m, c) for m, c in zip(marks, counted, strict=False) if m is not None]  # the first pages
+        seen = [(u, c) for u, c in zip(units, counted, strict=False) if u is not None]  # the first pages
         seen_pixels = sum(c for _, c in seen)
-        density = sum(m for m, _ in seen) * 1e6 / seen_pixels if seen_pixels else self.marks_per_mpx
+        density = sum(u for u, _ in seen) * 1e6 / seen_pixels if seen_pixels else self.units_per_mpx
         unseen = sum(counted) - seen_pixels
-        return Work(len(sizes), pixels, sum(m for m, _ in seen) + unseen * density / 1e6)
+        return Work(len(sizes), pixels, sum(u for u, _ in seen) + unseen * density / 1e6)
 
     def request_cost(self, pages: int, visual_tokens: int | None) -> int:
         """A request's cost: with ``router.cost: visual_tokens`` its ``visual_tokens``, or where they
@@ -581,11 +582,12 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def held(self, terms: Terms, pages: int, least: Work) -> AsyncIterator[int]:
-        """Hold room for a request while its pages are previewed to count their marks
+        """Hold room for a request while its pages are previewed to count their line units
         (:meth:`~ocrserve.preprocess.Preprocessor.previews`, up to 0.3 s a page in a decoding
-        process), after refusing now, as :meth:`admit` would, what no marks could save: ``pages``
+        process, and about as long to count), after refusing now, as :meth:`admit` would, what no
+        text could save: ``pages``
         the lane's queue cannot take, or a deadline that they overrun were they the ``least`` work
-        they can be (their pixels without marks; without the margin for the unseen where
+        they can be (their pixels without text; without the margin for the unseen where
         :meth:`admit` would wait for evidence). The hold is its pages in the lane's queue and their
         least work ahead of the requests that arrive after it (:class:`Awaiting`), until the block
         exits; it yields the request's arrival number, which :meth:`admit` (called once the block
@@ -1002,7 +1004,7 @@ class Router:
         cost, work = self.page_cost_of(page), self.page_work(page)
         reservation.submitted(work)
         counted = counted_pixels(*page.image.shape[:2])
-        self.marks_per_mpx += SERVICE_EWMA * (page.marks * 1e6 / max(counted, 1) - self.marks_per_mpx)
+        self.units_per_mpx += SERVICE_EWMA * ((page.line_units or 0.0) * 1e6 / max(counted, 1) - self.units_per_mpx)
         seq = (reservation.finish, reservation.order, page.index, next(self._submitted))
         ticket = Ticket(page, reservation, cost, work, terms, seq)
         self.policy.push(ticket)

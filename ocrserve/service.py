@@ -29,7 +29,7 @@ from ocrserve.errors import DeadlinePassed
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
-from ocrserve.preprocess.marks import count_each
+from ocrserve.preprocess.lines import units_each
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
 from ocrserve.store.cache import DedupCache
@@ -116,13 +116,14 @@ class OcrService:
             terms = resolve(work, self.config.router, len(indices), pixels)
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
-            markless = self.router.request_work(sizes, len(indices), [0] * len(sizes))
-            async with self.router.held(terms, len(indices), markless) as arrival:
+            textless = self.router.request_work(sizes, len(indices), [0.0] * len(sizes))
+            async with self.router.held(terms, len(indices), textless) as arrival:
                 previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-                marks = await asyncio.to_thread(count_each, previews)
-            demand = self.router.request_work(sizes, len(indices), marks)
+                units = await asyncio.to_thread(units_each, previews)
+            demand = self.router.request_work(sizes, len(indices), units)
+            previewed = dict(zip(indices, units, strict=False))
             async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:
-                attempts = await self._run_pages(source, info, indices, reservation, terms)
+                attempts = await self._run_pages(source, info, indices, reservation, terms, previewed)
         for attempt in attempts:
             self.pipeline.count_final(attempt)
         problems = [a.problem for a in attempts if a.problem]
@@ -137,9 +138,16 @@ class OcrService:
         return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
 
     async def _run_pages(
-        self, source: Source, info: DocumentInfo, indices: list[int], reservation: Reservation, terms: Terms
+        self,
+        source: Source,
+        info: DocumentInfo,
+        indices: list[int],
+        reservation: Reservation,
+        terms: Terms,
+        previewed: dict[int, float | None],
     ) -> list[Attempt]:
-        """Every selected page through the pipeline, concurrently, each as soon as it is decoded.
+        """Every selected page through the pipeline, concurrently, each as soon as it is decoded,
+        with its line units where its preview's were counted (``previewed``, by page index).
 
         Decoding stops when the deadline passes: the pages not decoded by then fail with 504, and
         the router fails the ones it holds at the same deadline.
@@ -150,7 +158,10 @@ class OcrService:
             try:
                 async with contextlib.aclosing(chunks):
                     while (chunk := await self._next_chunk(chunks, terms.deadline)) is not None:
-                        tasks.extend(asyncio.create_task(self.pipeline.run(p, reservation, terms)) for p in chunk)
+                        tasks.extend(
+                            asyncio.create_task(self.pipeline.run(p, reservation, terms, previewed.get(p.index)))
+                            for p in chunk
+                        )
             except DeadlinePassed as late:
                 undecoded = [Attempt.failed(index, late) for index in indices[len(tasks) :]]
                 return [*await asyncio.gather(*tasks), *undecoded]

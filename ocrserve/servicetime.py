@@ -6,18 +6,17 @@ A page's :class:`Work` is three figures known before the engine sees it: the pag
 part: its transfers, the engine's work per request), the pixels the engine reads (the detector's
 input for the embedded engine, which magnifies a narrow strip many times:
 :meth:`~ocrserve.engines.base.Engine.input_pixels`; the page's pixels, and so its visual tokens,
-for a VLM), and its *marks*, the character-sized blobs of ink counted on the decoded page
-(:mod:`ocrserve.preprocess.marks`), which recognition (or a VLM's decoding) grows with. The model
-is linear in them, ``seconds = a + b x megapixels + c x kilomarks`` (a request's work is the sum
-of its pages'), in shares of the engine's seconds (:class:`ShareClock`), fitted by exponentially
-weighted least squares over recent pages (the newest
-weighs :data:`FIT_WEIGHT`), every coefficient kept at 0 or above, and drawn towards the prior
-``(initial_s, 0, 0)`` by a ridge of :data:`PRIOR_WEIGHT` pages. Measured on the development half
-of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-03): detection
-took 0.2 s for a 0.4 Mpx map and 2.9 s for the 56 x 392 px strip ``ocrmypdf/crom.png``
-(magnified to 736 x 5152 at the detector's input), recognition 0.5 s for phototest's 239 marks and
-6.2 s for ``linn.png``'s 3,031; pixels alone put the two letter-size pages ``linn.png`` (7.4 s)
-and ``segmodeimg.tif`` (1.9 s, 24 marks) at one cost.
+for a VLM), and its *line units*, the text lines a detector finds on a small copy of the page,
+each weighed as recognition weighs it (:mod:`ocrserve.preprocess.lines`), which recognition (or a
+VLM's decoding) grows with. The model is linear in them, ``seconds = a + b x megapixels + c x
+kilo-units`` (a request's work is the sum of its pages'), in shares of the engine's seconds
+(:class:`ShareClock`), fitted by exponentially weighted least squares over recent pages (the
+newest weighs :data:`FIT_WEIGHT`), every coefficient kept at 0 or above, and drawn towards the
+prior ``(initial_s, 0, 0)`` by a ridge of :data:`PRIOR_WEIGHT` pages. Measured on the development
+half of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-03):
+detection took 0.2 s for a 0.4 Mpx map and 2.9 s for the 56 x 392 px strip ``ocrmypdf/crom.png``
+(magnified to 736 x 5152 at the detector's input); recognition about 2.4 ms a line unit on every
+dense page of the corpus (2026-12-05, :mod:`ocrserve.preprocess.lines`).
 
 Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each finished page's
 seconds over what the model predicted for it before it finished are kept (the last
@@ -68,8 +67,8 @@ PRIOR_FACTOR = 2.0
 #: about a third of their seconds, and with 2 it admitted 8-9 of a burst of 12 and answered 2-3 of
 #: them 504.
 UNSEEN_FACTOR = 4.0
-#: Units of the features: megapixels and thousands of marks keep the fit's numbers near 1.
-PIXEL_UNIT, MARK_UNIT = 1e6, 1e3
+#: Units of the features: megapixels and thousands of line units keep the fit's numbers near 1.
+MEGAPIXEL, KILO_UNITS = 1e6, 1e3
 
 
 @dataclass(frozen=True)
@@ -79,27 +78,27 @@ class Work:
     Attributes:
         pages: how many pages.
         pixels: the pixels the engine reads for them (:meth:`~ocrserve.engines.base.Engine.input_pixels`).
-        marks: the character-sized blobs of ink on them (:mod:`ocrserve.preprocess.marks`),
-            counted or, before decoding, expected.
+        units: their line units (:mod:`ocrserve.preprocess.lines`), counted or, for pages not
+            previewed, expected.
     """
 
     pages: float = 0.0
     pixels: float = 0.0
-    marks: float = 0.0
+    units: float = 0.0
 
     def __add__(self, other: Work) -> Work:
-        return Work(self.pages + other.pages, self.pixels + other.pixels, self.marks + other.marks)
+        return Work(self.pages + other.pages, self.pixels + other.pixels, self.units + other.units)
 
     def __sub__(self, other: Work) -> Work:
-        return Work(self.pages - other.pages, self.pixels - other.pixels, self.marks - other.marks)
+        return Work(self.pages - other.pages, self.pixels - other.pixels, self.units - other.units)
 
     def scaled(self, factor: float) -> Work:
         """This work times ``factor`` (a share of a request's pages: ``1 / pages``)."""
-        return Work(self.pages * factor, self.pixels * factor, self.marks * factor)
+        return Work(self.pages * factor, self.pixels * factor, self.units * factor)
 
     def features(self) -> np.ndarray:
-        """``(pages, megapixels, kilomarks)``: the model's inputs."""
-        return np.array([self.pages, self.pixels / PIXEL_UNIT, self.marks / MARK_UNIT])
+        """``(pages, megapixels, kilo-units)``: the model's inputs."""
+        return np.array([self.pages, self.pixels / MEGAPIXEL, self.units / KILO_UNITS])
 
 
 NO_WORK = Work()
@@ -142,7 +141,7 @@ class ShareClock:
 
 
 class ServiceTime:
-    """``seconds = a x pages + b x megapixels + c x kilomarks`` in the engine (module docstring).
+    """``seconds = a x pages + b x megapixels + c x kilo-units`` in the engine (module docstring).
 
     Args:
         initial_s: a page's seconds until pages have been measured (``router.initial_page_s``):
@@ -184,7 +183,7 @@ class ServiceTime:
 
     @property
     def coefficients(self) -> tuple[float, float, float]:
-        """``(a, b, c)``: seconds per page, per megapixel, per thousand marks."""
+        """``(a, b, c)``: seconds per page, per megapixel, per thousand line units."""
         a, b, c = self._coefficients
         return float(a), float(b), float(c)
 
@@ -203,7 +202,7 @@ class ServiceTime:
         as ``1 / sqrt(pages)`` (the central limit theorem), so one page's quantile would price
         the 20 pages ahead of a request as if each ran late. The 0.9 quantile of fewer ratios is
         the largest or the next: on the corpus, one dense page among the first light ones ran 9.1
-        times over a fit that had seen no marks, the fit then learned it (the next four within
+        times over a fit that had seen no dense text, the fit then learned it (the next four within
         0.77-1.15), and that one page held a fresh gateway's bounds at 9 times its estimates."""
         ranked = sorted(self.ratios)
         if not ranked:

@@ -18,7 +18,7 @@ from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
-from ocrserve.preprocess.marks import count_marks
+from ocrserve.preprocess.lines import line_units
 from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import BACKGROUND_SHARE, Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
@@ -36,7 +36,7 @@ def blank(index: int = 0) -> Page:
 
 def text_page(index: int = 0) -> Page:
     image = np.asarray(phototest())
-    return Page(index=index, image=image, width=640, height=480, visual_tokens=300, marks=count_marks(image))
+    return Page(index=index, image=image, width=640, height=480, visual_tokens=300, line_units=line_units(image))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -136,19 +136,19 @@ async def test_only_other_clients_single_pages_slow_a_document(make_router):
     assert router.estimate_s(router.lanes[FAST], document, client="b") > own
 
 
-async def test_a_requests_marks_are_those_counted_on_its_previews(make_router):
-    """Pages previewed before admission count their marks; the others, the previewed pages' marks
-    per counted pixel; without previews, the pages decoded lately's."""
+async def test_a_requests_line_units_are_those_counted_on_its_previews(make_router):
+    """Pages previewed before admission count their line units; the others, the previewed pages'
+    units per counted pixel; without previews, the pages decoded lately's."""
     router = make_router()
     sizes = [(1000, 1000)] * 6  # a megapixel each: counted whole
-    assert router.request_work(sizes, 6, [1000, None, 500]).marks == pytest.approx(1500 + 4 * 750)
-    assert router.request_work(sizes, 6).marks == pytest.approx(6 * router.marks_per_mpx)
+    assert router.request_work(sizes, 6, [1000, None, 500]).units == pytest.approx(1500 + 4 * 750)
+    assert router.request_work(sizes, 6).units == pytest.approx(6 * router.units_per_mpx)
     large = [(2000, 3000)]  # counted on a megapixel of it
-    assert router.request_work(large, 1).marks == pytest.approx(router.marks_per_mpx)
+    assert router.request_work(large, 1).units == pytest.approx(router.units_per_mpx)
 
 
-async def test_a_request_hopeless_even_without_marks_is_refused_before_its_previews(make_router):
-    """The check before previews refuses only what no marks could make possible: a deadline that the
+async def test_a_request_hopeless_even_without_text_is_refused_before_its_previews(make_router):
+    """The check before previews refuses only what no text could make possible: a deadline that the
     pages' pixels alone overrun, or a lane too full for them."""
     router = make_router(fast={"queue_pages": 8})
     sizes = [(2000, 3000)] * 4
@@ -250,10 +250,10 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(4)]
     await wait_until(lambda: router.in_flight == 1 and router.lanes[BULK].reserved == 3)
     bulk = router.lanes[BULK]
-    # the pages queued ask what decoded pages do: the pixels the detector reads, their marks
+    # the pages queued ask what decoded pages do: the pixels the detector reads, their line units
     page = router.page_work(text_page())
-    assert page.pixels == 736 * 992 and page.marks > 200
-    assert bulk.work_ahead(None) == page + page + page
+    assert page.pixels == 736 * 992 and page.units > 50
+    assert bulk.work_ahead(None).features() == pytest.approx((page + page + page).features())
     two = page + page
 
     def work() -> float:  # in shares of the engine's seconds: what is ahead, what is left of the page in it, its own
@@ -324,7 +324,7 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
 def dense_page(index: int = 0) -> Page:
     """Phototest tiled 2 x 2 (1280 x 960): about 2 s in the engine on 2 cores."""
     image = np.tile(np.asarray(phototest()), (2, 2, 1))
-    return Page(index=index, image=image, width=1280, height=960, visual_tokens=1200, marks=count_marks(image))
+    return Page(index=index, image=image, width=1280, height=960, visual_tokens=1200, line_units=line_units(image))
 
 
 async def test_a_wait_for_evidence_in_which_no_page_finishes_ends_refused(make_router):
@@ -627,12 +627,12 @@ async def test_calibration_teaches_the_service_time_model_what_text_costs(make_r
     is estimated above the same page with one line, as it takes longer."""
     router = make_router()
     strip, letter, sparse = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
-    assert strip.marks < sparse.marks < letter.marks / 10
+    assert strip.line_units <= sparse.line_units < letter.line_units / 10
     await router.calibrate([strip, letter, sparse])
     assert router.service.measured == 3
     dense_s, sparse_s = (router.service.seconds(router.page_work(page)) for page in (letter, sparse))
     assert dense_s > 1.5 * sparse_s
-    assert router.mean_work.pages == 1 and router.mean_work.marks > sparse.marks
+    assert router.mean_work.pages == 1 and router.mean_work.units > sparse.line_units
 
 
 async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_the_client_set_a_timeout(

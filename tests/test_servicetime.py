@@ -18,17 +18,17 @@ from ocrserve.servicetime import (
 )
 
 
-def page(megapixels: float, kilomarks: float) -> Work:
-    return Work(1, megapixels * 1e6, kilomarks * 1e3)
+def page(megapixels: float, kilo_units: float) -> Work:
+    return Work(1, megapixels * 1e6, kilo_units * 1e3)
 
 
-def test_a_linear_page_time_is_recovered_from_pages_of_different_pixels_and_marks():
-    """``seconds = 0.1 + 0.4 x Mpx + 2 x kilomarks``: a sparse letter page (3 Mpx, 30 marks) takes
-    1.36 s, a dense one (3 Mpx, 3,000 marks) 7.3 s, a strip the detector magnifies (3.8 Mpx, 38
-    marks) 1.7 s: pixels alone could not tell the letters apart."""
+def test_a_linear_page_time_is_recovered_from_pages_of_different_pixels_and_text():
+    """``seconds = 0.1 + 0.4 x Mpx + 2 x kilo-units``: a sparse letter page (3 Mpx, 30 line units)
+    takes 1.36 s, a dense one (3 Mpx, 3,000 units) 7.3 s, a strip the detector magnifies (3.8 Mpx,
+    38 units) 1.7 s: pixels alone could not tell the letters apart."""
     model = ServiceTime(initial_s=1.0)
     for work in [page(3, 0.03), page(3, 3), page(3.8, 0.038), page(0.3, 0.24)] * 20:
-        model.record(work, 0.1 + 0.4 * work.pixels / 1e6 + 2 * work.marks / 1e3)
+        model.record(work, 0.1 + 0.4 * work.pixels / 1e6 + 2 * work.units / 1e3)
     assert model.coefficients == pytest.approx((0.1, 0.4, 2.0), abs=0.02)  # the ridge draws a towards 1 s
     assert model.seconds(page(3, 3)) == pytest.approx(7.3, rel=0.01)
     assert model.seconds(page(3, 0.03)) == pytest.approx(1.36, rel=0.02)
@@ -44,7 +44,7 @@ def test_before_any_page_every_page_takes_the_initial_seconds():
 
 
 def test_no_coefficient_goes_negative():
-    """Pages with more marks that ran faster (noise) would fit a negative price on marks: it is
+    """Pages with more text that ran faster (noise) would fit a negative price on text: it is
     dropped, and the rest fitted without it."""
     model = ServiceTime(initial_s=1.0)
     for work, seconds in [(page(1, 0.1), 2.0), (page(1, 2.0), 1.5), (page(2, 0.1), 3.0)] * 5:

@@ -72,8 +72,9 @@ class LaneStats(BaseModel):
         "null when none finished"
     )
     predicted_s: float = Field(
-        description="seconds a one-page request of the average page's work (pixels the engine reads, marks of "
-        "ink) admitted now would take, as admission reckons it: the work ahead of it times upper_factor, and its own"
+        description="seconds a one-page request of the average page's work (pixels the engine reads, its line "
+        "units of text) admitted now would take, as admission reckons it: the work ahead of it times upper_factor, "
+        "and its own"
     )
 
 

@@ -46,22 +46,22 @@ from ocrserve.work import is_urgent
 Image.MAX_IMAGE_PIXELS = None
 
 log = logging.getLogger(__name__)
-#: The pixels a page's marks are counted on at most (:mod:`.marks`: the page is brought down to
-#: them first; small text stays a few pixels tall, and counting costs at most about 20 ms), and so
-#: the size of a page's preview (:func:`preview_pages`).
-MARKS_PIXELS = 1_000_000
+#: The size of a page's preview (:func:`preview_pages`), pixels, and the most a page's line units
+#: are counted on (:mod:`.lines`: the page is brought down to them first; a letter page's small
+#: text stays about 10 px tall).
+PREVIEW_PIXELS = 1_000_000
 #: Pages of a request previewed before its admission (:func:`preview_pages`); the others are priced
-#: at the marks per pixel of these.
+#: at the line units per pixel of these.
 PREVIEW_PAGES = 4
 #: An image frame of more pixels is not decoded for a preview (a JPEG is, at 1/8 scale or less,
-#: whatever its size): decoding such a frame twice costs more than a guess at its marks. 300-dpi
+#: whatever its size): decoding such a frame twice costs more than a guess at its line units. 300-dpi
 #: letter scans of 8.4-10.5 Mpx decoded in 16-54 ms on the development machine.
 PREVIEW_DECODE_PIXELS = 12_000_000
 #: A PDF page's preview is rendered at this many times the side of an image's (at most its
-#: normalized size), and :func:`~ocrserve.preprocess.marks.count_marks` brings it down as it does a
+#: normalized size), and :func:`~ocrserve.preprocess.lines.line_units` brings it down as it does a
 #: decoded page: PDFium's anti-aliasing at a megapixel merges small characters that a larger render
-#: keeps apart (``cardinal.pdf``'s first page: 2,527 marks against 3,017 on the decoded page; 3,105
-#: rendered at twice the side; ``rotated_skew.pdf``: 1,735, 2,852, 2,936).
+#: keeps apart (counted as blobs of ink, ``cardinal.pdf``'s first page held 2,527 rendered at a
+#: megapixel against 3,017 on the decoded page, and 3,105 rendered at twice the side).
 PDF_PREVIEW_OVERSAMPLE = 2
 #: Image formats Pillow may open; anything else is a 415 even if Pillow could read it.
 IMAGE_FORMATS = {"JPEG", "PNG", "TIFF", "WEBP", "BMP", "GIF", "MPO"}
@@ -563,9 +563,9 @@ def _each_page(
 def preview_pages(
     source: Source, info: DocumentInfo, indices: Sequence[int], cfg: PreprocessConfig
 ) -> list[np.ndarray | None]:
-    """The pages ``indices`` of an inspected document, grey, at :data:`MARKS_PIXELS` at most (a
+    """The pages ``indices`` of an inspected document, grey, at :data:`PREVIEW_PIXELS` at most (a
     PDF's at :data:`PDF_PREVIEW_OVERSAMPLE` times the side), as decoding would normalize them
-    (upright, alpha on white): what their marks are counted on (:mod:`.marks`) before the request
+    (upright, alpha on white): what their line units are counted on (:mod:`.lines`) before the request
     is admitted. Runs in a worker process.
 
     Returns:
@@ -580,10 +580,10 @@ def preview_pages(
 
 
 def _preview_size(width: int, height: int, cfg: PreprocessConfig, oversample: int = 1) -> tuple[int, int]:
-    """The normalized size of a ``width`` x ``height`` page, brought down to :data:`MARKS_PIXELS`
+    """The normalized size of a ``width`` x ``height`` page, brought down to :data:`PREVIEW_PIXELS`
     x ``oversample`` squared where larger."""
     out_w, out_h = target_size(width, height, cfg)
-    scale = min(1.0, oversample * math.sqrt(MARKS_PIXELS / (out_w * out_h)))
+    scale = min(1.0, oversample * math.sqrt(PREVIEW_PIXELS / (out_w * out_h)))
     return max(1, round(out_w * scale)), max(1, round(out_h * scale))
 
 

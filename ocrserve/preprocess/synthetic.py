@@ -1,10 +1,11 @@
 """Synthetic text pages, normalized as uploads are, for calibrating the admission's model of a
 page's seconds in the engine (:mod:`ocrserve.servicetime`) before the first client's page.
 
-The model prices a page by its pixels and its marks (the character-sized blobs of ink it holds),
-so three pages tell them apart: a strip of one line (640 x 200 client pixels), a letter-size page
-at 200 dpi full of lines (1700 x 2200), and the same page with its first line alone; each resized
-to the pixel budget like any upload, its marks counted as an upload's are.
+The model prices a page by its pixels and its line units (its text lines, weighed as recognition
+weighs them), so three pages tell them apart: a strip of one line (640 x 200 client pixels), a
+letter-size page at 200 dpi full of lines (1700 x 2200), and the same page with its first line
+alone; each resized to the pixel budget like any upload, its line units counted as an upload's
+are.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ocrserve.config import PreprocessConfig
 from ocrserve.pages import Page
 from ocrserve.preprocess import target_size
 from ocrserve.preprocess.geometry import visual_tokens
-from ocrserve.preprocess.marks import count_marks
+from ocrserve.preprocess.lines import line_units
 
 #: The calibration pages: client-pixel width and height, and lines of text (None: as many as fit,
 #: one every 60 px): a one-line strip, a letter page at 200 dpi full of lines, the letter page
@@ -40,7 +41,7 @@ def text_page(width: int, height: int, cfg: PreprocessConfig, lines: int | None 
         width=width,
         height=height,
         visual_tokens=visual_tokens(out_h, out_w, cfg.factor),
-        marks=count_marks(pixels),
+        line_units=line_units(pixels),
     )
 
 

@@ -62,11 +62,14 @@ ENOUGH_PAGES = 16
 #: 2x on pages unlike its calibration pages (a dense scan against the letter page).
 PRIOR_FACTOR = 2.0
 #: The factor before any ratio has been kept: nothing yet says how far the calibration pages' fit
-#: is off for the pages clients send. A fresh gateway's fit priced 2-page documents of turned
-#: 1000 x 754 pages (orientation votes, a second detection) and of 100-150 dpi grayscale scans at
-#: about a third of their seconds, and with 2 it admitted 8-9 of a burst of 12 and answered 2-3 of
-#: them 504.
-UNSEEN_FACTOR = 4.0
+#: is off for the pages clients send. Measured on the development half of ``../shared/corpus``
+#: (2026-12-05, 2 cores, one page at a time on a fresh engine, priced by the three calibration
+#: pages alone): its pages of 250 line units or more ran 0.93-1.08 times their prediction, its
+#: strips that the engine detects a second time 1.71 (``multi-line_en_black.png``) and 1.73
+#: (``crom.png``), its pages of little text 0.49-0.94 (the fixed part priced high). Priced by
+#: character-sized blobs of ink instead, a fresh gateway's fit had priced 2-page documents of turned
+#: pages and of grayscale scans at about a third of their seconds, and this factor was 4.
+UNSEEN_FACTOR = 2.0
 #: Units of the features: megapixels and thousands of line units keep the fit's numbers near 1.
 MEGAPIXEL, KILO_UNITS = 1e6, 1e3
 

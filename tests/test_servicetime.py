@@ -61,13 +61,13 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 4 before any page was measured against a
+    """The factor admission multiplies its estimates by: 2 before any page was measured against a
     fit; then, until 16 pages were seen after the first three (a fit of fewer is underdetermined),
     their median over-run times ``1 + 1 / sqrt(n)``: 2 after one, 1.5 after four; then the 0.9
     quantile of how far pages ran over their prediction; pages slower than predicted widen it."""
     model = ServiceTime(initial_s=1.0)
     for _ in range(FIT_PAGES):
-        assert model.upper_factor() == UNSEEN_FACTOR == 4.0 and model.warming
+        assert model.upper_factor() == UNSEEN_FACTOR == 2.0 and model.warming
         model.record(page(1, 1), 0.5)
     model.record(page(1, 1), 0.5)
     assert model.upper_factor() == pytest.approx(PRIOR_FACTOR, abs=0.05) and PRIOR_FACTOR == 2.0 and model.warming

@@ -521,10 +521,10 @@ class RouterConfig(Section):
         5.0,
         ge=0,
         description="While admission's cost model has seen few pages, a document (not a single page) with a "
-        "deadline that only the model's margin for the unseen refuses waits up to this many seconds (and at most a "
-        "fifth of its time left) for pages to finish and narrow it, then is admitted or refused (refused where no page "
-        "finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets the margin for pages "
-        "it has not seen (4) alone",
+        "deadline that only the model's margin for the unseen refuses waits until this many seconds after it arrived "
+        "(and at most a fifth of its time left) for pages to finish and narrow it, then is admitted or refused "
+        "(refused where no page finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets "
+        "the margin for pages it has not seen (2) alone",
     )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(

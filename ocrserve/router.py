@@ -744,14 +744,18 @@ class Router:
 
     def _evidence_wait_s(self, lane: Lane, terms: Terms, bursting: bool) -> float:
         """How long a request may wait for evidence (:meth:`_await_evidence`): while the cost
-        model is warming, ``router.evidence_wait_s`` and at most :data:`EVIDENCE_WAIT_SHARE` of its
-        seconds left; 0 for a single page that bursts or a request held to the fast lane's latency
-        target (both would rather be refused at once) and one without a deadline."""
+        model is warming, until ``router.evidence_wait_s`` after it arrived (its upload, inspection
+        and previews count) and at most :data:`EVIDENCE_WAIT_SHARE` of its seconds left; 0 for a
+        single page that bursts or a request held to the fast lane's latency target (both would
+        rather be refused at once) and one without a deadline. Counted from admission instead, the
+        wait began after the previews and line counts of a whole burst: a fresh gateway beside a
+        CPU hog refused the last of twelve 2-page documents after 12.0 s."""
         if bursting or terms.deadline is None or not self.service.warming:
             return 0.0
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             return 0.0
-        return min(self.cfg.evidence_wait_s, EVIDENCE_WAIT_SHARE * max(0.0, terms.deadline.left()))
+        waited = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
+        return max(0.0, min(self.cfg.evidence_wait_s - waited, EVIDENCE_WAIT_SHARE * terms.deadline.left()))
 
     async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float | None:
         """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's

@@ -307,6 +307,11 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
                     pass
             assert time.monotonic() - started < 0.1
         else:
+            # the wait runs from arrival: one that arrived (was uploaded and previewed) that long ago has none left
+            with pytest.raises(Overloaded, match="would be ahead of and in it"):
+                async with router.admit(dataclasses.replace(request, arrived=started - wait_s), 1, work=page):
+                    pass
+            assert time.monotonic() - started < 0.1
             admission = asyncio.create_task(router.admit(request, 1, work=page).__aenter__())
             await wait_until(lambda: router._awaiting)  # noqa: B023 (awaited here)
             # it counts ahead of a request that arrives now (both sides at one instant: a page may finish)

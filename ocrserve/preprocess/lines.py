@@ -9,19 +9,23 @@ costs its width over its height, and at least :data:`MIN_LINE_UNITS`, so a page 
 over the lines RapidOCR's own detection model (PP-OCR DB, from the ``rapidocr`` wheel) finds on
 the page brought down to :data:`~ocrserve.preprocess.PREVIEW_PIXELS` and detected with its longer
 side at :data:`DETECTOR_LIMIT`: the same lines the engine will find, on a copy small enough to
-detect in about a tenth of the engine's time on the page. Admission's model of a page's seconds
+detect in a fraction of the engine's time on the page (the price: measured below). Admission's model of a page's seconds
 (:mod:`ocrserve.servicetime`) weighs them by fitting them to finished pages; for a VLM, whose
 decoding grows with the characters read, they are a proxy of the same kind.
 
 Measured on every page of ``../shared/corpus`` (2026-12-05, 2 cores, the embedded engine alone,
-one page at a time): the engine's own recognition took 2.38-2.43 ms a unit of its own lines on
-dense pages (``unlv_8071_093.3B.tif`` 1,273 units, 3.04 s; ``funsd_82253362_3364.png``, a noisy
-form of 119 lines, 886 units, 2.15 s; ``overworld_crazy_table4.pdf``, a table of 454 lines, 3,261
-units, 7.75 s), where character-sized blobs of ink had priced the form 2.8 and the table 4.3
-times under a fit on other pages. On the preview the detector found 0.90-1.03 of the engine's
-units on pages of 100 units or more (the table 3,080, the form 864, ``linn.png`` 1,433 of
-1,504) in 0.08-0.32 s on one of the gateway's threads; brought down to 640 px instead, 0.26-0.96
-(the table 843), in 0.07-0.12 s.
+one page at a time): the engine's own recognition took 2.34-2.65 ms a unit of its own lines on
+the 17 pages of 500 units or more (``unlv_8071_093.3B.tif`` 1,273 units, 3.04 s;
+``funsd_82253362_3364.png``, a noisy form of 119 lines, 886 units, 2.15 s;
+``discoverworld_crazy_table4.pdf``, a table of 454 lines, 3,261 units, 7.75 s), where
+character-sized blobs of ink had priced the form 2.8 and the table 4.3 times under a fit on other
+pages. On the preview the detector found 0.91-1.01 of the engine's
+units on the 26 pages of 150 units or more (the table 3,080, the form 864, ``linn.png`` 1,433 of
+1,504), in 0.01-0.32 s a page with the engine's two threads and 0.01-0.39 s on the one it has
+here; brought down to 640 px instead, 0.26-1.00 (the table 843), in 0.01-0.12 s. On the
+development pages that count took 7-29% of the engine's own seconds on a page of 250 units or
+more, 20-61% on pages of 100-180 units, and 72-120% on letter-size pages of a line or two
+(0.18-0.32 s against 0.24-0.30 s): the gateway's CPU is what pricing a page by its lines costs.
 
 They are counted before a request is admitted, on the grey previews of its first pages
 (:func:`~ocrserve.preprocess.preview_pages`, :func:`units_each`), and on a decoded page that had

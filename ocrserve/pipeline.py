@@ -10,7 +10,6 @@ problem, and every page is counted once in ``ocrserve_pages_total``, when its ou
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,8 +18,7 @@ from ocrserve import metrics
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, ProblemError
 from ocrserve.pages import Page, PageResult
-from ocrserve.preprocess import DecodeFailure
-from ocrserve.preprocess.lines import line_units
+from ocrserve.preprocess import DecodeFailure, Preprocessor
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms
 
@@ -110,10 +108,12 @@ class PagePipeline:
 
     Args:
         router: admits and dispatches pages to the engine.
+        preprocessor: counts the line units of a page that had no preview.
     """
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, preprocessor: Preprocessor):
         self.router = router
+        self.preprocessor = preprocessor
 
     async def run(
         self, page: Page | DecodeFailure, reservation: Reservation, terms: Terms, units: float | None = None
@@ -127,7 +127,9 @@ class PagePipeline:
         """
 
         async def submit(page: Page) -> PageResult:
-            page.line_units = units if units is not None else await asyncio.to_thread(line_units, page.image)
+            page.line_units = units
+            if units is None:
+                [page.line_units] = await self.preprocessor.line_units([page.image], terms.engine_class)
             return await self.router.submit(page, reservation, terms)
 
         try:

@@ -603,19 +603,35 @@ class Router:
         lane = self.lanes[terms.lane]
         arrival = next(self._arrivals)
         self._check_room(lane, pages, terms.order)
-        if terms.deadline is not None:
-            bursting = terms.bursts and self.bursts
-            estimate = sum(self._estimate(lane, least, terms.order, bursting, terms.client, arrival))
-            margin = not self._evidence_wait_s(lane, terms, bursting)  # or evidence may yet save it
-            ahead = self._pages_ahead(lane, terms.order, bursting, arrival)
-            bound = self._bound(estimate, least, ahead, margin, bursting)
-            self._check_deadline(lane, pages, terms, bound, least)
+        self.check_held(terms, pages, least, arrival)
         lane.reserve(terms.order, pages, NO_WORK)
         try:
             with self._not_admitted(Awaiting(lane.name, terms.order, least, arrival)):
                 yield arrival
         finally:
             lane.reserve(terms.order, -pages, NO_WORK)
+
+    def check_held(self, terms: Terms, pages: int, least: Work, arrival: int) -> None:
+        """Refuse a request of ``pages`` pages whose deadline even their ``least`` work overruns,
+        behind the work ahead of arrival ``arrival``: without the margin for the unseen where
+        evidence may yet save it (:meth:`admit` would wait for it, and a page is expected to finish
+        within the wait: :meth:`next_page_s`), with it otherwise. :meth:`held` checks on entry; the
+        service again when the request's turn to be previewed comes
+        (:class:`~ocrserve.service.OcrService`), as the requests admitted meanwhile may leave it
+        no room.
+
+        Raises:
+            Overloaded: as :meth:`admit`.
+        """
+        if terms.deadline is None:
+            return
+        lane = self.lanes[terms.lane]
+        bursting = terms.bursts and self.bursts
+        estimate = sum(self._estimate(lane, least, terms.order, bursting, terms.client, arrival))
+        margin = self._evidence_wait_s(lane, terms, bursting) <= self.next_page_s()  # or evidence may yet save it
+        ahead = self._pages_ahead(lane, terms.order, bursting, arrival)
+        bound = self._bound(estimate, least, ahead, margin, bursting)
+        self._check_deadline(lane, pages, terms, bound, least)
 
     @contextlib.contextmanager
     def _not_admitted(self, awaiting: Awaiting) -> Iterator[None]:

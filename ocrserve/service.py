@@ -8,6 +8,14 @@ deadline passed (``timeout``, or the lane's default) raises 504.
 With a dedup cache (``ocrserve.store.cache``), a document seen before with the same pages and model
 is answered from the cache without engine work, and a document whose every page succeeded is
 cached.
+
+Before admission, a request's first pages are previewed and their line units counted
+(:mod:`ocrserve.preprocess.lines`), one request at a time per lane and engine class (so a single
+page is not previewed behind documents, nor a fast document behind bulk ones), in the order they
+came: once it is its turn, the requests admitted meanwhile may leave it no room, and it is
+refused then without its previews (:meth:`~ocrserve.router.Router.check_held`). Counted all at once, a fresh
+gateway beside a CPU hog spent the first seconds of a burst of twelve 2-page documents on the
+previews of all twelve, while the engine's pages (which yield the cores) waited.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import hashlib
 import io
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
@@ -29,11 +38,10 @@ from ocrserve.errors import DeadlinePassed
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
-from ocrserve.preprocess.lines import units_each
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
 from ocrserve.store.cache import DedupCache
-from ocrserve.work import Deadline, WorkItem
+from ocrserve.work import Deadline, EngineClass, WorkItem
 
 #: Uploads above this many bytes are kept in a temporary file rather than in memory: a synchronous
 #: one reaches the decoding processes as a path, not as bytes pickled once per chunk of pages, and a
@@ -80,8 +88,10 @@ class OcrService:
         self.config = config
         self.preprocessor = preprocessor
         self.router = router
-        self.pipeline = PagePipeline(router)
+        self.pipeline = PagePipeline(router, preprocessor)
         self.cache = cache
+        # one request's previews at a time per lane and engine class, in the order they came (module docstring)
+        self._turns: defaultdict[tuple[str, EngineClass], asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(1))
 
     async def ocr(
         self, document: bytes | BinaryIO, *, pages: str | None = None, work: WorkItem = WorkItem()
@@ -117,9 +127,11 @@ class OcrService:
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
             textless = self.router.request_work(sizes, len(indices), [0.0] * len(sizes))
-            async with self.router.held(terms, len(indices), textless) as arrival:
+            turn = self._turns[terms.lane, terms.engine_class]
+            async with self.router.held(terms, len(indices), textless) as arrival, turn:
+                self.router.check_held(terms, len(indices), textless, arrival)  # what was admitted meanwhile
                 previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-                units = await asyncio.to_thread(units_each, previews)
+                units = await self.preprocessor.line_units(previews, terms.engine_class)
             demand = self.router.request_work(sizes, len(indices), units)
             previewed = dict(zip(indices, units, strict=False))
             async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:

@@ -372,6 +372,34 @@ async def test_a_wait_for_evidence_in_which_no_page_finishes_ends_refused(make_r
     await asyncio.gather(*queued)
 
 
+async def test_a_held_request_that_only_the_margin_refuses_is_refused_once_no_page_is_due_in_its_wait(make_router):
+    """:meth:`check_held` (on entry to :meth:`held`, and again when the request's turn to be
+    previewed comes) prices a request's least work without the margin for the unseen only while
+    evidence may come in time: behind pages predicted (by the prior, ``router.initial_page_s``)
+    to take 2 s each, the one in the engine due within the 5-s wait, a request that only the
+    margin refuses goes on to its previews; behind one predicted to take 20 s it is refused now,
+    rather than previewed and then refused after a wait in which no page could finish."""
+    for initial_page_s, pages, refused in ((2.0, 10, False), (20.0, 1, True)):
+        router = make_router(initial_page_s=initial_page_s, evidence_wait_s=5.0)
+        bulk = router.lanes[BULK]
+        queued = [asyncio.create_task(run_tagged(router, BULK, f"b{i}", text_page(i), [])) for i in range(pages)]
+        await wait_until(lambda: router.in_flight == 1 and bulk.reserved == pages - 1)  # noqa: B023 (awaited here)
+        least = router.request_work([(640, 480)], 1, [0.0])
+        estimate = router.estimate_s(bulk, least)
+        without_margin = router._bound(estimate, least, router._pages_ahead(bulk, None, False), False)
+        bound = router.bound_s(bulk, least)
+        assert without_margin < bound and (router.next_page_s() > 5.0) == refused
+        request = terms(router, BULK, deadline=Deadline.after((bound + without_margin) / 2))
+        if refused:
+            with pytest.raises(Overloaded, match="would be ahead of and in it"):
+                router.check_held(request, 1, least, next(router._arrivals))
+        else:
+            router.check_held(request, 1, least, next(router._arrivals))
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+
+
 async def test_one_clients_queue_delays_another_clients_page_by_about_one_page(make_router):
     """Client A queues 6 pages behind a busy engine, then client B sends one page: B's page goes
     next (start-time fair queueing over requests), not after all six."""
@@ -648,9 +676,9 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     nothing was measured); a client that sends a timeout gets what it asked for."""
     router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
     fast = router.lanes[FAST]
-    # nothing ahead: the bound is the estimate itself, whatever the upper factor (4 while nothing was measured)
+    # nothing ahead: the bound is the estimate itself, whatever the upper factor (2 while nothing was measured)
     page = Work(1, 3e5, 300)
-    assert router.upper_factor() == 4.0 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
+    assert router.upper_factor() == 2.0 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass

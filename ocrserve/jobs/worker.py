@@ -117,7 +117,7 @@ class Worker:
         self.health = health
         self.preprocessor = preprocessor
         self.router = router
-        self.pipeline = PagePipeline(router)
+        self.pipeline = PagePipeline(router, preprocessor)
         self.cfg = cfg
         self.owner = owner
         self.on_end = on_end

@@ -7,7 +7,7 @@ recognition runs once per detected line on the line's crop brought to 48 px high
 costs its width over its height, and at least :data:`MIN_LINE_UNITS`, so a page of short fields
 (a form, a table of numbers) costs more than its characters say. A page's line units are that sum
 over the lines RapidOCR's own detection model (PP-OCR DB, from the ``rapidocr`` wheel) finds on
-the page brought down to :data:`~ocrserve.preprocess.PREVIEW_PIXELS` and detected with its longer
+the page brought down to :data:`PREVIEW_PIXELS` and detected with its longer
 side at :data:`DETECTOR_LIMIT`: the same lines the engine will find, on a copy small enough to
 detect in a fraction of the engine's time on the page (the price: measured below). Admission's model of a page's seconds
 (:mod:`ocrserve.servicetime`) weighs them by fitting them to finished pages; for a VLM, whose
@@ -30,9 +30,10 @@ more, 20-61% on pages of 100-180 units, and 72-120% on letter-size pages of a li
 They are counted before a request is admitted, on the grey previews of its first pages
 (:func:`~ocrserve.preprocess.preview_pages`, :func:`units_each`), and on a decoded page that had
 no preview (a job's pages, the pages past a request's previewed ones) as it is queued
-(:class:`~ocrserve.pipeline.PagePipeline`). Both in the gateway, on a thread, not in the decoding
-processes (which only render the previews): there the detector's session and OpenCV's thread pool
-would count against ``preprocess.worker_memory_mb``.
+(:class:`~ocrserve.pipeline.PagePipeline`). Both in the gateway, on threads of the preprocessor's
+(:meth:`~ocrserve.preprocess.Preprocessor.line_units`: a background request's at background
+priority), not in the decoding processes (which only render the previews): there the detector's
+session and OpenCV's thread pool would count against ``preprocess.worker_memory_mb``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ import numpy as np
 from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_det import TextDetector
 
-from ocrserve.preprocess import PREVIEW_PIXELS
-
+#: The size of a page's preview (:func:`~ocrserve.preprocess.preview_pages`), pixels, and the most
+#: a page's line units are counted on (the page is brought down to them first; a letter page's
+#: small text stays about 10 px tall).
+PREVIEW_PIXELS = 1_000_000
 #: Recognition's smallest crop, width over height: RapidOCR's ``rec_img_shape`` ``[3, 48, 320]``.
 MIN_LINE_UNITS = 320 / 48
 #: The detector's input for counting: the longer side brought down to 960 px (PaddleOCR's default
@@ -79,7 +82,7 @@ def detector() -> TextDetector:
 
 def counted_pixels(height: int, width: int) -> int:
     """The pixels :func:`line_units` counts a ``height`` x ``width`` page on: all of them up to
-    :data:`~ocrserve.preprocess.PREVIEW_PIXELS`, then (the page brought down) those. A page's line
+    :data:`PREVIEW_PIXELS`, then (the page brought down) those. A page's line
     units grow with the text on these, not with its pixels: the same letter page holds the same
     lines at 150 and 300 dpi."""
     return min(height * width, PREVIEW_PIXELS)

@@ -526,6 +526,13 @@ class RouterConfig(Section):
         "(refused where no page finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets "
         "the margin for pages it has not seen (2) alone",
     )
+    admission_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds from a request's arrival within which its first pages must have been previewed and "
+        "their line units counted (one request at a time per lane and engine class, a background request's at "
+        "background priority); a request still waiting then is refused 503 admission-timeout with Retry-After",
+    )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(
         "fixed",

@@ -92,7 +92,7 @@ PROBLEMS = Counter(
 REJECTIONS = Counter(
     "ocrserve_rejections",
     "Requests or pages refused or dropped, by lane and reason (queue_full, deadline_unmeetable, latency_target, "
-    "engine_promised, deadline, cancelled, too_large, rate_limited, tenant_quota).",
+    "engine_promised, admission_timeout, deadline, cancelled, too_large, rate_limited, tenant_quota).",
     ["lane", "reason"],
 )
 ABORTED_PAGES = Counter(

@@ -585,10 +585,9 @@ class Router:
         """Hold room for a request while its pages are previewed to count their line units
         (:meth:`~ocrserve.preprocess.Preprocessor.previews`, up to 0.3 s a page in a decoding
         process, and about as long to count), after refusing now, as :meth:`admit` would, what no
-        text could save: ``pages``
-        the lane's queue cannot take, or a deadline that they overrun were they the ``least`` work
-        they can be (their pixels without text; without the margin for the unseen where
-        :meth:`admit` would wait for evidence). The hold is its pages in the lane's queue and their
+        text could save: ``pages`` the lane's queue cannot take, or a deadline that they overrun
+        were they the ``least`` work they can be (their pixels without text: :meth:`check_held`).
+        The hold is its pages in the lane's queue and their
         least work ahead of the requests that arrive after it (:class:`Awaiting`), until the block
         exits; it yields the request's arrival number, which :meth:`admit` (called once the block
         has exited) takes to replace the hold with the priced request. Without the hold, ten

@@ -15,7 +15,11 @@ page is not previewed behind documents, nor a fast document behind bulk ones), i
 came: once it is its turn, the requests admitted meanwhile may leave it no room, and it is
 refused then without its previews (:meth:`~ocrserve.router.Router.check_held`). Counted all at once, a fresh
 gateway beside a CPU hog spent the first seconds of a burst of twelve 2-page documents on the
-previews of all twelve, while the engine's pages (which yield the cores) waited.
+previews of all twelve, while the engine's pages (which yield the cores) waited. A request whose
+turn and count have not ended within ``router.admission_timeout_s`` of its arrival is refused
+(503 ``admission-timeout``, ``Retry-After``): a background request's count yields the cores to
+interactive pages, and beside a stream of them a flood's documents waited up to 33 s to be
+refused.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import io
+import math
 import tempfile
 import time
 from collections import defaultdict
@@ -34,12 +39,13 @@ from typing import BinaryIO
 from ocrserve import metrics
 from ocrserve.alarm import within
 from ocrserve.config import Config
-from ocrserve.errors import DeadlinePassed
+from ocrserve.errors import DeadlinePassed, Overloaded
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
+from ocrserve.servicetime import Work
 from ocrserve.store.cache import DedupCache
 from ocrserve.work import Deadline, EngineClass, WorkItem
 
@@ -127,11 +133,8 @@ class OcrService:
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
             textless = self.router.request_work(sizes, len(indices), [0.0] * len(sizes))
-            turn = self._turns[terms.lane, terms.engine_class]
-            async with self.router.held(terms, len(indices), textless) as arrival, turn:
-                self.router.check_held(terms, len(indices), textless, arrival)  # what was admitted meanwhile
-                previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-                units = await self.preprocessor.line_units(previews, terms.engine_class)
+            async with self.router.held(terms, len(indices), textless) as arrival:
+                units = await self._line_units(source, info, indices, terms, textless, arrival)
             demand = self.router.request_work(sizes, len(indices), units)
             previewed = dict(zip(indices, units, strict=False))
             async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:
@@ -148,6 +151,39 @@ class OcrService:
         seconds = time.perf_counter() - started
         metrics.REQUEST_LATENCY_SECONDS.labels(lane).observe(seconds)
         return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
+
+    async def _line_units(
+        self, source: Source, info: DocumentInfo, indices: list[int], terms: Terms, least: Work, arrival: int
+    ) -> list[float | None]:
+        """The line units of a held request's first pages, counted on their previews in its turn
+        (module docstring; None for a page without a preview).
+
+        Raises:
+            Overloaded: 503 ``deadline-unmeetable`` where, once its turn came, the requests admitted
+                meanwhile leave it no room (:meth:`~ocrserve.router.Router.check_held`); 503
+                ``admission-timeout`` where its turn and count have not ended within
+                ``router.admission_timeout_s`` of its arrival.
+        """
+
+        async def counted() -> list[float | None]:
+            async with self._turns[terms.lane, terms.engine_class]:
+                self.router.check_held(terms, len(indices), least, arrival)
+                previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
+                return await self.preprocessor.line_units(previews, terms.engine_class)
+
+        limit = self.config.router.admission_timeout_s
+        since = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
+        try:
+            return await within(counted(), max(0.0, limit - since))
+        except TimeoutError:
+            metrics.REJECTIONS.labels(terms.lane, "admission_timeout").inc()
+            wait = math.ceil(limit)
+            raise Overloaded(
+                f"the {terms.lane} lane could not preview the request within router.admission_timeout_s={limit:g} s "
+                f"of its arrival (the requests before it are being previewed); retry in {wait} s",
+                slug="admission-timeout",
+                headers={"Retry-After": str(wait)},
+            ) from None
 
     async def _run_pages(
         self,

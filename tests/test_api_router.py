@@ -161,3 +161,19 @@ def test_client_disconnect_drops_queued_pages(gw, http):
     ran = metric(http, "ocrserve_engine_pages_total", lane="bulk") - engine_bulk
     dropped = metric(http, "ocrserve_rejections_total", lane="bulk", reason="cancelled") - cancelled
     assert dropped >= 1 and ran + dropped <= 6 and ran < 6
+
+
+def test_a_request_not_previewed_within_the_admission_timeout_is_refused_with_retry_after():
+    """A request's first pages are previewed and their line units counted one request at a time
+    per lane; one whose turn and count have not ended within ``router.admission_timeout_s`` of its
+    arrival is refused 503 ``admission-timeout`` with ``Retry-After``, not left waiting, and the
+    refusal is counted."""
+    gateway = Gateway("router.admission_timeout_s=0.001").wait_ready()
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            refused = client.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())})
+            body = assert_problem(refused, 503, r"could not preview the request within router\.admission_timeout_s")
+            assert body["type"].endswith("/admission-timeout") and refused.headers["retry-after"] == "1"
+            assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1
+    finally:
+        gateway.stop()

@@ -587,10 +587,10 @@ class Router:
         process, and about as long to count), after refusing now, as :meth:`admit` would, what no
         text could save: ``pages`` the lane's queue cannot take, or a deadline that they overrun
         were they the ``least`` work they can be (their pixels without text: :meth:`check_held`).
-        The hold is its pages in the lane's queue and their
-        least work ahead of the requests that arrive after it (:class:`Awaiting`), until the block
-        exits; it yields the request's arrival number, which :meth:`admit` (called once the block
-        has exited) takes to replace the hold with the priced request. Without the hold, ten
+        The hold is its pages in the lane's queue and their least work ahead of the requests that
+        arrive after it (:class:`Awaiting`), until the block exits; it yields the request's arrival
+        number, which :meth:`admit` (called once the block has exited) takes to replace the hold
+        with the priced request. Without the hold, ten
         4-page documents sent at once were all previewed before any was admitted, and the nine
         refused waited up to 7.5 s for it. Counted ahead of requests that came before it too, the
         holds of a fresh gateway's burst of twelve 2-page documents put 60-90 s of work ahead of

@@ -13,13 +13,13 @@ Before admission, a request's first pages are previewed and their line units cou
 (:mod:`ocrserve.preprocess.lines`), one request at a time per lane and engine class (so a single
 page is not previewed behind documents, nor a fast document behind bulk ones), in the order they
 came: once it is its turn, the requests admitted meanwhile may leave it no room, and it is
-refused then without its previews (:meth:`~ocrserve.router.Router.check_held`). Counted all at once, a fresh
-gateway beside a CPU hog spent the first seconds of a burst of twelve 2-page documents on the
-previews of all twelve, while the engine's pages (which yield the cores) waited. A request whose
-turn and count have not ended within ``router.admission_timeout_s`` of its arrival is refused
-(503 ``admission-timeout``, ``Retry-After``): a background request's count yields the cores to
-interactive pages, and beside a stream of them a flood's documents waited up to 33 s to be
-refused.
+refused then without its previews (:meth:`~ocrserve.router.Router.check_held`). Counted all at
+once, a fresh gateway beside a CPU hog spent the first seconds of a burst of twelve 2-page
+documents on the previews of all twelve, while the engine's pages (which yield the cores)
+waited. A request whose turn and count have not ended within ``router.admission_timeout_s`` of
+its arrival is refused (503 ``admission-timeout``, ``Retry-After``): a background request's count
+yields the cores to interactive pages, and beside a stream of them a flood's documents waited up
+to 33 s to be refused.
 """
 
 from __future__ import annotations

@@ -530,8 +530,8 @@ class RouterConfig(Section):
         10.0,
         gt=0,
         description="Seconds from a request's arrival within which its first pages must have been previewed and "
-        "their line units counted (one request at a time per lane and engine class, a background request's at "
-        "background priority); a request still waiting then is refused 503 admission-timeout with Retry-After",
+        "their line units counted (documents one at a time per lane, at background priority); a document still "
+        "waiting then is refused 503 admission-timeout with Retry-After (single pages are not held to it)",
     )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(

@@ -10,13 +10,14 @@ is answered from the cache without engine work, and a document whose every page 
 cached.
 
 Before admission, a request's first pages are previewed and their line units counted
-(:mod:`ocrserve.preprocess.lines`), one request at a time per lane and engine class (so a single
-page is not previewed behind documents, nor a fast document behind bulk ones), in the order they
-came: once it is its turn, the requests admitted meanwhile may leave it no room, and it is
-refused then without its previews (:meth:`~ocrserve.router.Router.check_held`). Counted all at
-once, a fresh gateway beside a CPU hog spent the first seconds of a burst of twelve 2-page
-documents on the previews of all twelve, while the engine's pages (which yield the cores)
-waited. A request whose turn and count have not ended within ``router.admission_timeout_s`` of
+(:mod:`ocrserve.preprocess.lines`): a document's (a request whose pages run as background work)
+one at a time per lane, in the order they came, so that once it is its turn, the requests
+admitted meanwhile may leave it no room, and it is refused then without its previews
+(:meth:`~ocrserve.router.Router.check_held`); single pages at once, without a time limit
+(sixteen at once beside vLLM's CPU backend, counted in turn or within 10 s, left the last
+refused). Counted all at once, a fresh gateway beside a CPU hog spent the first seconds of a
+burst of twelve 2-page documents on the previews of all twelve, while the engine's pages (which
+yield the cores) waited. A document whose turn and count have not ended within ``router.admission_timeout_s`` of
 its arrival is refused (503 ``admission-timeout``, ``Retry-After``): a background request's count
 yields the cores to interactive pages, and beside a stream of them a flood's documents waited up
 to 33 s to be refused.
@@ -96,8 +97,8 @@ class OcrService:
         self.router = router
         self.pipeline = PagePipeline(router, preprocessor)
         self.cache = cache
-        # one request's previews at a time per lane and engine class, in the order they came (module docstring)
-        self._turns: defaultdict[tuple[str, EngineClass], asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(1))
+        # one document's previews at a time per lane, in the order they came (module docstring)
+        self._turns: defaultdict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(1))
 
     async def ocr(
         self, document: bytes | BinaryIO, *, pages: str | None = None, work: WorkItem = WorkItem()
@@ -159,18 +160,23 @@ class OcrService:
         (module docstring; None for a page without a preview).
 
         Raises:
-            Overloaded: 503 ``deadline-unmeetable`` where, once its turn came, the requests admitted
-                meanwhile leave it no room (:meth:`~ocrserve.router.Router.check_held`); 503
-                ``admission-timeout`` where its turn and count have not ended within
-                ``router.admission_timeout_s`` of its arrival.
+            Overloaded: (a document) 503 ``deadline-unmeetable`` where, once its turn came, the
+                requests admitted meanwhile leave it no room
+                (:meth:`~ocrserve.router.Router.check_held`); 503 ``admission-timeout`` where its
+                turn and count have not ended within ``router.admission_timeout_s`` of its arrival.
         """
 
+        one_at_a_time = terms.engine_class is EngineClass.BACKGROUND
+        turn = self._turns[terms.lane] if one_at_a_time else contextlib.nullcontext()
+
         async def counted() -> list[float | None]:
-            async with self._turns[terms.lane, terms.engine_class]:
+            async with turn:
                 self.router.check_held(terms, len(indices), least, arrival)
                 previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
                 return await self.preprocessor.line_units(previews, terms.engine_class)
 
+        if not one_at_a_time:
+            return await counted()
         limit = self.config.router.admission_timeout_s
         since = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
         try:

@@ -163,15 +163,18 @@ def test_client_disconnect_drops_queued_pages(gw, http):
     assert dropped >= 1 and ran + dropped <= 6 and ran < 6
 
 
-def test_a_request_not_previewed_within_the_admission_timeout_is_refused_with_retry_after():
-    """A request's first pages are previewed and their line units counted one request at a time
+def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_retry_after():
+    """A document's first pages are previewed and their line units counted one document at a time
     per lane; one whose turn and count have not ended within ``router.admission_timeout_s`` of its
     arrival is refused 503 ``admission-timeout`` with ``Retry-After``, not left waiting, and the
-    refusal is counted."""
+    refusal is counted. A single page is not held to it."""
     gateway = Gateway("router.admission_timeout_s=0.001").wait_ready()
     try:
         with httpx.Client(base_url=gateway.url, timeout=60) as client:
-            refused = client.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())})
+            page = client.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())})
+            assert page.status_code == 200, page.text
+            document = (DATA / "testTIFF_multipage.tif").read_bytes()
+            refused = client.post("/v1/ocr", files={"file": ("a", document)})
             body = assert_problem(refused, 503, r"could not preview the request within router\.admission_timeout_s")
             assert body["type"].endswith("/admission-timeout") and refused.headers["retry-after"] == "1"
             assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1

@@ -37,7 +37,6 @@ from ocrserve.pages import Page
 from ocrserve.preprocess.blank import is_blank
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
-from ocrserve.preprocess.lines import PREVIEW_PIXELS, units_each
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
 from ocrserve.priority import BackgroundPriority
@@ -48,6 +47,10 @@ from ocrserve.work import is_urgent
 Image.MAX_IMAGE_PIXELS = None
 
 log = logging.getLogger(__name__)
+#: The size of a page's preview (:func:`preview_pages`), pixels, and the most a page's line units
+#: are counted on (:mod:`.lines`: the page is brought down to them first; a letter page's small
+#: text stays about 10 px tall).
+PREVIEW_PIXELS = 1_000_000
 #: Pages of a request previewed before its admission (:func:`preview_pages`); the others are priced
 #: at the line units per pixel of these.
 PREVIEW_PAGES = 4
@@ -696,6 +699,11 @@ class Preprocessor:
         so that counting a flood of documents yields the cores to interactive pages as decoding
         them does. At normal priority, a flood of 4-page documents of turned pages (12 clients, a
         single page every 0.5 s beside them) held the single page at 2.03 times its idle p95."""
+        # imported here, not with this module: the decoding processes import it, and rapidocr's
+        # libraries would count against preprocess.worker_memory_mb there (a 12000 x 12000 page
+        # that decodes within it failed with them)
+        from ocrserve.preprocess.lines import units_each
+
         pool = self._counting if is_urgent(priority) else self._counting_background
         return await asyncio.get_running_loop().run_in_executor(pool, units_each, images)
 

@@ -7,7 +7,7 @@ recognition runs once per detected line on the line's crop brought to 48 px high
 costs its width over its height, and at least :data:`MIN_LINE_UNITS`, so a page of short fields
 (a form, a table of numbers) costs more than its characters say. A page's line units are that sum
 over the lines RapidOCR's own detection model (PP-OCR DB, from the ``rapidocr`` wheel) finds on
-the page brought down to :data:`PREVIEW_PIXELS` and detected with its longer
+the page brought down to :data:`~ocrserve.preprocess.PREVIEW_PIXELS` and detected with its longer
 side at :data:`DETECTOR_LIMIT`: the same lines the engine will find, on a copy small enough to
 detect in a fraction of the engine's time on the page (the price: measured below). Admission's model of a page's seconds
 (:mod:`ocrserve.servicetime`) weighs them by fitting them to finished pages; for a VLM, whose
@@ -45,10 +45,8 @@ import numpy as np
 from rapidocr import RapidOCR
 from rapidocr.ch_ppocr_det import TextDetector
 
-#: The size of a page's preview (:func:`~ocrserve.preprocess.preview_pages`), pixels, and the most
-#: a page's line units are counted on (the page is brought down to them first; a letter page's
-#: small text stays about 10 px tall).
-PREVIEW_PIXELS = 1_000_000
+from ocrserve.preprocess import PREVIEW_PIXELS
+
 #: Recognition's smallest crop, width over height: RapidOCR's ``rec_img_shape`` ``[3, 48, 320]``.
 MIN_LINE_UNITS = 320 / 48
 #: The detector's input for counting: the longer side brought down to 960 px (PaddleOCR's default
@@ -82,7 +80,7 @@ def detector() -> TextDetector:
 
 def counted_pixels(height: int, width: int) -> int:
     """The pixels :func:`line_units` counts a ``height`` x ``width`` page on: all of them up to
-    :data:`PREVIEW_PIXELS`, then (the page brought down) those. A page's line
+    :data:`~ocrserve.preprocess.PREVIEW_PIXELS`, then (the page brought down) those. A page's line
     units grow with the text on these, not with its pixels: the same letter page holds the same
     lines at 150 and 300 dpi."""
     return min(height * width, PREVIEW_PIXELS)

@@ -769,7 +769,7 @@ class Router:
             return 0.0
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             return 0.0
-        waited = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
+        waited = terms.since_arrival_s()
         return max(0.0, min(self.cfg.evidence_wait_s - waited, EVIDENCE_WAIT_SHARE * terms.deadline.left()))
 
     async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float | None:
@@ -971,7 +971,7 @@ class Router:
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
         inside = self.inside_s()
         if (alone := self._bound(self.own_s(work), work, 0.0)) > left:
-            before = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
+            before = terms.since_arrival_s()
             used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
             others = f"; besides, {inside:.0f} s of work is queued in the engine by other clients" if inside else ""
             advice = (

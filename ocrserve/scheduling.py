@@ -27,6 +27,7 @@ them again:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ocrserve.config import RouterConfig
@@ -58,6 +59,11 @@ class Terms:
     deadline_is_clients: bool = False
     client: str = ""
     arrived: float | None = None
+
+    def since_arrival_s(self) -> float:
+        """Seconds since the request arrived (its upload, inspection and previews); 0.0 where
+        :attr:`arrived` is not known."""
+        return time.monotonic() - self.arrived if self.arrived is not None else 0.0
 
 
 def choose_lane(work: WorkItem, cfg: RouterConfig, pages: int, pixels: int) -> str:

@@ -166,21 +166,21 @@ class OcrService:
                 turn and count have not ended within ``router.admission_timeout_s`` of its arrival.
         """
 
-        one_at_a_time = terms.engine_class is EngineClass.BACKGROUND
-        turn = self._turns[terms.lane] if one_at_a_time else contextlib.nullcontext()
-
         async def counted() -> list[float | None]:
-            async with turn:
-                self.router.check_held(terms, len(indices), least, arrival)
-                previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-                return await self.preprocessor.line_units(previews, terms.engine_class)
+            previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
+            return await self.preprocessor.line_units(previews, terms.engine_class)
 
-        if not one_at_a_time:
+        if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
             return await counted()
+
+        async def in_turn() -> list[float | None]:
+            async with self._turns[terms.lane]:
+                self.router.check_held(terms, len(indices), least, arrival)
+                return await counted()
+
         limit = self.config.router.admission_timeout_s
-        since = time.monotonic() - terms.arrived if terms.arrived is not None else 0.0
         try:
-            return await within(counted(), max(0.0, limit - since))
+            return await within(in_turn(), max(0.0, limit - terms.since_arrival_s()))
         except TimeoutError:
             metrics.REJECTIONS.labels(terms.lane, "admission_timeout").inc()
             wait = math.ceil(limit)

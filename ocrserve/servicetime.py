@@ -24,10 +24,10 @@ seconds over what the model predicted for it before it finished are kept (the la
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
 their :data:`UPPER_QUANTILE` quantile, drawn towards their median for many pages together (their
 median, and at least a margin for what the model has not seen until :data:`ENOUGH_PAGES` have
-been kept: :data:`UNSEEN_FACTOR` before the first, then their median times a factor from
-:data:`PRIOR_FACTOR` narrowing with their number): wide while the model knows little, tightening
-as evidence comes, and widening again when recent pages run slower than predicted (a busy
-machine, pages of a kind it has not seen).
+been kept: :data:`UNSEEN_FACTOR` before the first, then their median times a factor narrowing
+from it with their number): wide while the model knows little, tightening as evidence comes, and
+widening again when recent pages run slower than predicted (a busy machine, pages of a kind it has
+not seen).
 """
 
 from __future__ import annotations
@@ -44,9 +44,15 @@ from ocrserve.quantiles import nearest_rank
 #: Weight of the newest page in the fit (about the last 1 / FIT_WEIGHT pages count).
 FIT_WEIGHT = 0.05
 #: How many pages' worth the prior ``(initial_s, 0, 0)`` weighs in the fit (a ridge towards it):
-#: enough to keep the fit defined after one page, little enough that three calibration pages
-#: outweigh it.
-PRIOR_WEIGHT = 0.05
+#: enough to keep the fit defined after one page, too little to move a fit of three pages. At 0.05
+#: it drew the calibration pages' fit (2026-12-05, 2 cores: the strip 1.79 Mpx at the detector and
+#: 16 line units in 0.70 s, the full letter page 0.97 Mpx and 803 units in 2.66 s, the letter page
+#: of one line 0.97 Mpx and 21 units in 0.31 s) to (0.36 s, 0.14 s/Mpx, 2.48 s/kilo-unit), which
+#: priced the development half of ``../shared/corpus`` at 0.46-1.62 times its seconds (strips
+#: under, near-blank pages over); at 0.001 the fit is (0, 0.34, 2.89), as the engine's own stage
+#: timings have it (detection 0.3-0.4 s a megapixel, recognition 2.6-2.8 ms a unit), and the same
+#: pages ran 0.73-1.27 times their prediction.
+PRIOR_WEIGHT = 0.001
 #: Pages measured before their predictions count as the fit's: one per feature (a fit of fewer is
 #: underdetermined, and the prior's ``initial_s`` can be off many times over).
 FIT_PAGES = 3
@@ -57,19 +63,16 @@ UPPER_QUANTILE = 0.9
 #: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
 #: largest few, which says little).
 ENOUGH_PAGES = 16
-#: The factor after one ratio has been kept, times their median, narrowing towards it as more are
-#: (:meth:`ServiceTime.prior_margin`): the service-time model of a fresh gateway was off by up to
-#: 2x on pages unlike its calibration pages (a dense scan against the letter page).
-PRIOR_FACTOR = 2.0
-#: The factor before any ratio has been kept: nothing yet says how far the calibration pages' fit
-#: is off for the pages clients send. Measured on the development half of ``../shared/corpus``
-#: (2026-12-05, 2 cores, one page at a time on a fresh engine, priced by the three calibration
-#: pages alone): its pages of 250 line units or more ran 0.93-1.08 times their prediction, its
-#: strips that the engine detects a second time 1.71 (``multi-line_en_black.png``) and 1.73
-#: (``crom.png``), its pages of little text 0.49-0.94 (the fixed part priced high). Priced by
-#: character-sized blobs of ink instead, a fresh gateway's fit had priced 2-page documents of turned
-#: pages and of grayscale scans at about a third of their seconds, and this factor was 4.
-UNSEEN_FACTOR = 2.0
+#: The factor before any ratio has been kept, narrowing towards their median as ratios are
+#: (:meth:`ServiceTime.prior_margin`): nothing yet says how far the calibration pages' fit is off
+#: for the pages clients send. Measured on the development half of ``../shared/corpus``
+#: (2026-12-05, 2 cores, one page at a time on a fresh engine, priced by the three calibration pages
+#: alone): its pages ran 0.73-1.27 times their prediction, the most the turned pages, whose
+#: orientation the engine confirms by recognizing lines both ways up (1.25 and 1.27), then the strips
+#: the engine detects a second time (1.12, 1.16). Before the fit's ridge was narrowed (see
+#: :data:`PRIOR_WEIGHT`) those strips ran 1.6 times it and this factor was 2; priced by
+#: character-sized blobs of ink instead of lines, 4.
+UNSEEN_FACTOR = 1.5
 #: Units of the features: megapixels and thousands of line units keep the fit's numbers near 1.
 MEGAPIXEL, KILO_UNITS = 1e6, 1e3
 
@@ -222,26 +225,24 @@ class ServiceTime:
         return len(self.ratios) < ENOUGH_PAGES
 
     def prior_margin(self) -> float:
-        """The margin for what the model has not seen: :data:`UNSEEN_FACTOR` before any ratio was
-        kept; while :attr:`warming`, with ``n`` ratios kept, their median (at least 1) times
-        ``1 + (PRIOR_FACTOR - 1) / sqrt(n)``; then 1 (the ratios' own quantile takes over).
+        """The margin for what the model has not seen: while :attr:`warming`, with ``n`` ratios
+        kept, their median (at least 1; 1 with none) times ``1 + (UNSEEN_FACTOR - 1) / sqrt(n + 1)``:
+        :data:`UNSEEN_FACTOR` before any, narrowing as pages come; then 1 (the ratios' own
+        quantile takes over).
 
         The median of ``n`` ratios is off by about their spread over ``sqrt(n)`` (the standard
         error of an estimate from ``n`` samples); until enough have been kept to measure that
-        spread it is taken as :data:`PRIOR_FACTOR` - 1 times the median, so the margin is
-        ``PRIOR_FACTOR`` times the median after one page and narrows as pages come. A flat
-        :data:`PRIOR_FACTOR` until :data:`ENOUGH_PAGES` had been kept admitted 1 of 12 2-page
-        documents of scans after 30 s of the same documents, where the engine alone would finish
-        3. A margin shrinking from 2 to 1 over those pages whatever the ratios said let a 2-page
-        document of scans in at 1.6 after six pages, on a machine with a core kept busy, and it
-        was answered after its client's timeout; here the median carries such a machine's
-        over-run."""
-        if not self.ratios:
-            return UNSEEN_FACTOR
+        spread it is taken as the calibration fit's own (:data:`UNSEEN_FACTOR` - 1), and the page
+        the calibration pages are is counted as one more. A flat margin until :data:`ENOUGH_PAGES`
+        had been kept admitted 1 of 12 2-page documents of scans after 30 s of the same documents,
+        where the engine alone would finish 3. A margin shrinking to 1 over those pages whatever
+        the ratios said let a 2-page document of scans in at 1.6 after six pages, on a machine with
+        a core kept busy, and it was answered after its client's timeout; here the median carries
+        such a machine's over-run."""
         if not self.warming:
             return 1.0
-        median = max(1.0, nearest_rank(sorted(self.ratios), 0.5))
-        return median * (1.0 + (PRIOR_FACTOR - 1.0) / math.sqrt(len(self.ratios)))
+        median = max(1.0, nearest_rank(sorted(self.ratios), 0.5)) if self.ratios else 1.0
+        return median * (1.0 + (UNSEEN_FACTOR - 1.0) / math.sqrt(len(self.ratios) + 1))
 
     def upper_factor(self, pages: float = 1.0) -> float:
         """What admission multiplies an estimate of ``pages`` pages by (module docstring):

@@ -279,9 +279,9 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
 
 
 async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_to_finish(make_router):
-    """On a fresh router (nothing measured: 2 s a page, the margin for the unseen 2) a 1-page bulk
+    """On a fresh router (nothing measured: 2 s a page, the margin for the unseen 1.5) a 1-page bulk
     request behind a page in the engine and three queued is priced at about 10 s and bound at about
-    18; with 14 s left, without ``router.evidence_wait_s`` it is refused at once; with it, it
+    14; with 12 s left, without ``router.evidence_wait_s`` it is refused at once; with it, it
     waits (counting ahead of requests that arrive meanwhile) until the real pages, far faster than
     2 s, have finished and taught the model, and is then admitted. A request that even the bound
     without the margin overruns is refused at once."""
@@ -294,12 +294,12 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
         estimate = router.estimate_s(bulk, page)
         assert router.service.warming and 8 < estimate <= 10
         without_margin = router._bound(estimate, page, router._pages_ahead(bulk, None, False), False)
-        assert router.bound_s(bulk, page) > 16 > 14 > without_margin
+        assert router.bound_s(bulk, page) > 12.5 > 12 > without_margin
         with pytest.raises(Overloaded, match="would be ahead of and in it"):
             async with router.admit(terms(router, BULK, deadline=Deadline.after(estimate / 2)), 1, work=page):
                 pass  # hopeless even without the margin: at once, however long it may wait
-        request = terms(router, BULK, deadline=Deadline.after(14))
-        assert router.next_page_s() < 0.2 * 14  # a page is expected to finish within the wait
+        request = terms(router, BULK, deadline=Deadline.after(12))
+        assert router.next_page_s() < 0.2 * 12  # a page is expected to finish within the wait
         started = time.monotonic()
         if not wait_s:
             with pytest.raises(Overloaded, match="would be ahead of and in it"):
@@ -320,7 +320,7 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             waited = time.monotonic() - started
             assert reservation.pending == 1
             assert router.service.measured >= 1
-            assert 0 < waited < 2.8
+            assert 0 < waited < 2.4 + 0.3
             assert not router._awaiting
             reservation.release(1)
         await asyncio.gather(*queued)
@@ -672,13 +672,13 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     engine, make_router
 ):
     """Without its own ``timeout`` a fast request is admitted only within the lane's latency target
-    (``router.fast.latency_target_s``), by the estimate times the admission's upper factor (2 while
-    nothing was measured); a client that sends a timeout gets what it asked for."""
+    (``router.fast.latency_target_s``), by the estimate times the admission's upper factor (1.5
+    while nothing was measured); a client that sends a timeout gets what it asked for."""
     router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
     fast = router.lanes[FAST]
-    # nothing ahead: the bound is the estimate itself, whatever the upper factor (2 while nothing was measured)
+    # nothing ahead: the bound is the estimate itself, whatever the upper factor (1.5 while nothing was measured)
     page = Work(1, 3e5, 300)
-    assert router.upper_factor() == 2.0 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
+    assert router.upper_factor() == 1.5 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass

@@ -232,8 +232,8 @@ class ServiceTime:
 
         The median of ``n`` ratios is off by about their spread over ``sqrt(n)`` (the standard
         error of an estimate from ``n`` samples); until enough have been kept to measure that
-        spread it is taken as the calibration fit's own (:data:`UNSEEN_FACTOR` - 1), and the page
-        the calibration pages are is counted as one more. A flat margin until :data:`ENOUGH_PAGES`
+        spread it is taken as the calibration fit's own (:data:`UNSEEN_FACTOR` - 1), with the
+        calibration counted as one measurement more (``n + 1``). A flat margin until :data:`ENOUGH_PAGES`
         had been kept admitted 1 of 12 2-page documents of scans after 30 s of the same documents,
         where the engine alone would finish 3. A margin shrinking to 1 over those pages whatever
         the ratios said let a 2-page document of scans in at 1.6 after six pages, on a machine with

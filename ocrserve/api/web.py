@@ -109,8 +109,8 @@ class Stats(BaseModel):
     lanes: dict[str, LaneStats] = Field(description="by lane: fast and bulk")
     upper_factor: float = Field(
         description="what admission multiplies the work ahead of a request by: a high quantile of how far pages "
-        "ran over their prediction (at least 2 until 16 pages were seen), or the pages in the engine's median "
-        "over-run"
+        "ran over their prediction (at least 1.5 before the first was measured, narrowing to 1 by the 16th), or "
+        "the pages in the engine's median over-run"
     )
     fast_latency_target_s: float | None = Field(
         description="the fast lane's latency target for a one-page request without timeout "

@@ -13,10 +13,10 @@ kilo-units`` (a request's work is the sum of its pages'), in shares of the engin
 (:class:`ShareClock`), fitted by exponentially weighted least squares over recent pages (the
 newest weighs :data:`FIT_WEIGHT`), every coefficient kept at 0 or above, and drawn towards the
 prior ``(initial_s, 0, 0)`` by a ridge of :data:`PRIOR_WEIGHT` pages. Measured on the development
-half of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-03):
-detection took 0.2 s for a 0.4 Mpx map and 2.9 s for the 56 x 392 px strip ``ocrmypdf/crom.png``
-(magnified to 736 x 5152 at the detector's input); recognition about 2.4 ms a line unit on every
-dense page of the corpus (2026-12-05, :mod:`ocrserve.preprocess.lines`).
+half of ``../shared/corpus`` (embedded engine, 2 cores, one page at a time, 2026-12-05, the
+engine's own stage timings): detection 0.3-0.4 s a megapixel of the detector's input (0.20 s for
+a 640 x 480 page, 0.73 Mpx there; 1.44 s for the 56 x 392 px strip ``ocrmypdf/crom.png``,
+magnified to 3.79 Mpx and detected twice), recognition 2.6-2.8 ms a line unit.
 
 Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each finished page's
 seconds over what the model predicted for it before it finished are kept (the last

@@ -590,11 +590,11 @@ class Router:
         The hold is its pages in the lane's queue and their least work ahead of the requests that
         arrive after it (:class:`Awaiting`), until the block exits; it yields the request's arrival
         number, which :meth:`admit` (called once the block has exited) takes to replace the hold
-        with the priced request. Without the hold, ten
-        4-page documents sent at once were all previewed before any was admitted, and the nine
-        refused waited up to 7.5 s for it. Counted ahead of requests that came before it too, the
-        holds of a fresh gateway's burst of twelve 2-page documents put 60-90 s of work ahead of
-        each on an idle engine, and all twelve were refused.
+        with the priced request. Without the hold, ten 4-page documents sent at once were all
+        previewed before any was admitted, and the nine refused waited up to 7.5 s for it. Counted
+        ahead of requests that came before it too, the holds of a fresh gateway's burst of twelve
+        2-page documents put 60-90 s of work ahead of each on an idle engine, and all twelve were
+        refused.
 
         Raises:
             PayloadTooLarge, Overloaded: as :meth:`admit`.

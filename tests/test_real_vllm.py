@@ -112,7 +112,15 @@ def steps_and_tokens(exposition: str) -> tuple[float, float]:
     return steps, tokens
 
 
-def test_sixteen_concurrent_pages_never_run_more_than_max_num_seqs_at_once(http, real_vllm):
+#: Bursts of sixteen pages sent before batching must have been seen: on 2 loaded cores, the gateway
+#: can hand vLLM each page as the one before it ends (a whole burst in as many steps as tokens).
+BURSTS = 3
+
+
+def burst_of_sixteen(http, real_vllm) -> tuple[float, float, list[float], int]:
+    """Sixteen phototest pages at once, every answer 200: vLLM's output steps and generated tokens
+    meanwhile (:func:`steps_and_tokens`), ``vllm:num_requests_running`` as polled every 50 ms, and
+    the number of polls."""
     seen: list[dict[str, float]] = []
     done = threading.Event()
 
@@ -132,16 +140,25 @@ def test_sixteen_concurrent_pages_never_run_more_than_max_num_seqs_at_once(http,
         done.set()
         watcher.join()
     assert [r.status_code for r in responses] == [200] * 16, [r.text for r in responses if r.status_code != 200]
-    running = [s.get("running", 0) for s in seen]
-    assert max(running) <= MAX_NUM_SEQS, running
-    # batched: a step that decodes one request makes one token; more tokens than steps means some
-    # steps decoded several. (The sampled gauge cannot show it: on 2 busy cores vLLM's /metrics
-    # answered 4 polls in the whole burst, all between steps.)
     steps_after, tokens_after = steps_and_tokens(real_vllm.metrics())
-    steps, tokens = steps_after - steps_before, tokens_after - tokens_before
-    assert tokens == 16 * 2 * MAX_NEW_TOKENS, tokens  # each page: a reply cut at the cap, and its retry
-    assert tokens > steps, (tokens, steps)
-    print(f"{tokens:.0f} tokens in {steps:.0f} steps; vllm:num_requests_running max {max(running)}, {len(seen)} polls")
+    return steps_after - steps_before, tokens_after - tokens_before, [s.get("running", 0) for s in seen], len(seen)
+
+
+def test_sixteen_concurrent_pages_never_run_more_than_max_num_seqs_at_once(http, real_vllm):
+    """Never more than ``max_num_seqs`` running, and batched: a step that decodes one request makes
+    one token, so more tokens than steps means some steps decoded several (the sampled gauge cannot
+    show it: on 2 busy cores vLLM's /metrics answered 4 polls in a whole burst, all between steps).
+    Up to :data:`BURSTS` bursts are sent until one shows it."""
+    bursts = 0
+    steps = tokens = 0.0
+    while bursts < BURSTS and tokens <= steps:
+        steps, tokens, running, polls = burst_of_sixteen(http, real_vllm)
+        bursts += 1
+        most = max(running, default=0)
+        assert most <= MAX_NUM_SEQS, running
+        assert tokens == 16 * 2 * MAX_NEW_TOKENS, tokens  # each page: a reply cut at the cap, and its retry
+    assert tokens > steps, (tokens, steps, bursts)
+    print(f"burst {bursts}: {tokens:.0f} tokens in {steps:.0f} steps; at most {most} running, {polls} polls")
 
 
 def test_a_page_over_max_model_len_is_vllms_400_and_the_pages_4xx_without_a_retry(http, real_vllm):

@@ -72,6 +72,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds a /health, /v1/models or /metrics probe may take before the replica counts as down.
 PROBE_TIMEOUT_S = 3.0
+#: Seconds an attempt may outlive the page's deadline, so that a deadline passing while the page is
+#: in vLLM ends in one place: the router's wait for the page, which answers 504 and cancels the
+#: attempt (its connection closes and vLLM aborts the request). With two timers due at the same
+#: instant, a real-vLLM test once saw the attempt's own end answered as a transient 503 ("no reply
+#: within 10 s") instead.
+DEADLINE_GRACE_S = 1.0
 #: First wait between attempts, seconds; doubles per attempt up to RETRY_WAIT_MAX_S.
 RETRY_WAIT_S = 0.2
 RETRY_WAIT_MAX_S = 2.0
@@ -385,25 +391,23 @@ class VllmEngine(Engine):
         )
 
     async def _complete(self, body: dict, deadline: Deadline | None) -> Reply:
-        """The reply to ``body`` from some replica; each attempt's timeout is ``timeout_s`` or the
-        time left before ``deadline``, whichever is shorter."""
+        """The reply to ``body`` from some replica; each attempt's timeout is :meth:`_timeout`."""
         attempts = backoff.retrying(
             self.cfg.max_retries + 1, RETRY_WAIT_S, RETRY_WAIT_MAX_S, retry_if_exception_type(_Unavailable)
         )
         try:
             async for attempt in attempts:
                 with attempt:
-                    return await self._send(
-                        body, min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
-                    )
+                    return await self._send(body, self._timeout(deadline))
         except _Unavailable as exc:
             raise PageError(
                 f"no vLLM replica took the page ({self.cfg.max_retries + 1} attempts); last: {exc}", transient=True
             ) from None
 
     def _timeout(self, deadline: Deadline | None) -> float:
-        """Seconds one attempt may wait for its reply: ``timeout_s``, or less when the deadline is nearer."""
-        return min(self.cfg.timeout_s, deadline.left()) if deadline else self.cfg.timeout_s
+        """Seconds one attempt may wait for its reply: ``timeout_s``, or less when the deadline is
+        nearer (:data:`DEADLINE_GRACE_S` past it)."""
+        return min(self.cfg.timeout_s, deadline.left() + DEADLINE_GRACE_S) if deadline else self.cfg.timeout_s
 
     def _pick(self) -> Replica:
         """The up replica with the fewest outstanding requests; ties rotate. All replicas when none is up."""

@@ -410,8 +410,8 @@ class PreprocessConfig(Section):
         10,
         ge=0,
         le=19,
-        description="Nice value added to the background decoding processes where background_scheduling is nice "
-        "(Linux); 0 = off",
+        description="Nice value added to the background decoding processes where background_scheduling is nice, "
+        "and always to the threads that count a background request's line units (Linux); 0 = off",
     )
     worker_memory_mb: int = Field(
         2048, ge=256, description="Address space of each decoding process, MiB (a document needing more: 422)"
@@ -524,7 +524,7 @@ class RouterConfig(Section):
         "deadline that only the model's margin for the unseen refuses waits until this many seconds after it arrived "
         "(and at most a fifth of its time left) for pages to finish and narrow it, then is admitted or refused "
         "(refused where no page finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets "
-        "the margin for pages it has not seen (1.5) alone",
+        "the margin for pages it has not seen (1.3) alone",
     )
     admission_timeout_s: float = Field(
         10.0,

@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ocrserve.preprocess import (
 )
 from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.pool import WARNINGS_PER_MINUTE, DecodePool
+from ocrserve.work import EngineClass
 from tests import samples
 from tests.conftest import DATA
 
@@ -234,6 +236,28 @@ async def test_background_decoding_processes_yield_the_cores(scheduling):
         preprocessor.close()
     low = (os.SCHED_IDLE, nice) if scheduling == "idle" else (policy, min(nice + 10, 19))
     assert seen == [(policy, nice), low]
+
+
+@pytest.mark.parametrize("scheduling", ["idle", "nice"])
+async def test_a_background_requests_line_count_runs_at_nice_10_not_sched_idle(scheduling, monkeypatch):
+    """Counting a background request's line units (``preprocess.background_nice``, whatever
+    ``background_scheduling`` says) outranks the engine's bulk pages at SCHED_IDLE but yields to
+    interactive work; an interactive request's count keeps the gateway's policy and nice value."""
+    seen: list[tuple[int, int]] = []
+
+    def units_each(previews):
+        seen.append((os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return [None for _ in previews]
+
+    monkeypatch.setattr("ocrserve.preprocess.lines.units_each", units_each)
+    preprocessor = Preprocessor(PreprocessConfig(workers=1, background_workers=1, background_scheduling=scheduling))
+    policy, nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    try:
+        assert await preprocessor.line_units([None], EngineClass.INTERACTIVE) == [None]
+        assert await preprocessor.line_units([None], EngineClass.BACKGROUND) == [None]
+    finally:
+        preprocessor.close()
+    assert seen == [(policy, nice), (policy, min(nice + 10, 19))]
 
 
 async def test_a_free_decoding_process_goes_to_the_most_urgent_task():

@@ -643,7 +643,8 @@ class Preprocessor:
         self._background = DecodePool(cfg, workers, background)
         # line counting (:meth:`line_units`): as many threads as each pool has processes
         self._counting = ThreadPoolExecutor(self._pool.size, "ocrserve-lines")
-        self._counting_background = ThreadPoolExecutor(workers, "ocrserve-lines-bg", initializer=background.apply)
+        counting = BackgroundPriority("nice", cfg.background_nice)  # see line_units
+        self._counting_background = ThreadPoolExecutor(workers, "ocrserve-lines-bg", initializer=counting.apply)
 
     def _pool_for(self, priority: int) -> DecodePool:
         return self._pool if is_urgent(priority) else self._background
@@ -695,10 +696,15 @@ class Preprocessor:
     async def line_units(self, images: list[np.ndarray | None], priority: int = 0) -> list[float | None]:
         """:func:`~ocrserve.preprocess.lines.units_each` of ``images`` (a request's previews, or a
         decoded page), on threads of the gateway's own: a background request's (``priority`` as for
-        :meth:`inspect`) at the priority its decoding runs at (``preprocess.background_scheduling``),
-        so that counting a flood of documents yields the cores to interactive pages as decoding
-        them does. At normal priority, a flood of 4-page documents of turned pages (12 clients, a
-        single page every 0.5 s beside them) held the single page at 2.03 times its idle p95."""
+        :meth:`inspect`) at ``preprocess.background_nice`` (10: 110 / 1134 of a core it shares with
+        a thread at normal priority), so that counting a flood of documents yields the cores to
+        interactive pages, but not at SCHED_IDLE, where it would share them with the bulk pages the
+        engine runs at SCHED_IDLE: a document is admitted only once it is counted, and the engine
+        has work queued meanwhile. At normal priority, a flood of 4-page documents of turned pages
+        (12 clients, a single page every 0.5 s beside them) held the single page at 2.03 times its
+        idle p95. At SCHED_IDLE, beside a CPU hog, twelve 2-page receipts were counted about 1 s
+        apart, and the last four were refused after the 10 s ``router.admission_timeout_s``, where
+        the engine alone would have finished all twelve in time."""
         # imported here, not with this module: the decoding processes import it, and rapidocr's
         # libraries would count against preprocess.worker_memory_mb there (a 12000 x 12000 page
         # that decodes within it failed with them)

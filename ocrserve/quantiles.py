@@ -15,3 +15,20 @@ def nearest_rank(ranked: Sequence[float], q: float) -> float:
         IndexError: ``ranked`` is empty.
     """
     return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+
+
+def pseudo_median(values: Sequence[float]) -> float:
+    """The Hodges-Lehmann estimate of where ``values`` (not empty) centre: the nearest-rank median
+    of their Walsh averages ``(x_i + x_j) / 2``, ``i <= j`` (Hodges and Lehmann 1963; ``n (n + 1) /
+    2`` of them, 2,080 for 64 values). As robust as the median to a few values far off (a value
+    moves it only while it is among the middle averages: it breaks down at 29% of the values, the
+    median at 50%), and steady where the values fall in two groups: of ratios alternating 0.54 and
+    1.29 (two pages in the engine together, one finishing first), the median is one group's or the
+    other's as one value comes, their pseudo-median about half way.
+
+    Raises:
+        IndexError: ``values`` is empty.
+    """
+    ordered = sorted(values)
+    averages = sorted((a + b) / 2 for i, a in enumerate(ordered) for b in ordered[i:])
+    return nearest_rank(averages, 0.5)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from ocrserve.quantiles import pseudo_median
 from ocrserve.router import BusyWindow
 from ocrserve.servicetime import (
     ENOUGH_PAGES,
@@ -60,20 +61,20 @@ def test_one_page_seen_does_not_leave_the_fit_undefined():
 
 
 def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
-    """The factor admission multiplies its estimates by: 1.5 before any page was measured against a
+    """The factor admission multiplies its estimates by: 1.3 before any page was measured against a
     fit; then, until 16 pages were seen after the first three (a fit of fewer is underdetermined),
-    their median over-run times ``1 + 0.5 / sqrt(n + 1)``: 1.35 after one, 1.22 after four; then
+    their centre times ``1 + 0.3 / sqrt(n + 1)``: 1.21 after one, 1.13 after four; then
     the 0.9 quantile of how far pages ran over their prediction; pages slower than predicted widen
     it."""
     model = ServiceTime(initial_s=1.0)
     for _ in range(FIT_PAGES):
-        assert model.upper_factor() == UNSEEN_FACTOR == 1.5 and model.warming
+        assert model.upper_factor() == UNSEEN_FACTOR == 1.3 and model.warming
         model.record(page(1, 1), 0.5)
     model.record(page(1, 1), 0.5)
-    assert model.upper_factor() == pytest.approx(1.35, abs=0.02) and model.warming
+    assert model.upper_factor() == pytest.approx(1.21, abs=0.01) and model.warming
     for _ in range(3):
         model.record(page(1, 1), 0.5)
-    assert model.upper_factor() == pytest.approx(1.22, abs=0.02) and model.warming
+    assert model.upper_factor() == pytest.approx(1.13, abs=0.01) and model.warming
     for _ in range(ENOUGH_PAGES - 4):
         model.record(page(1, 1), 0.5)  # every page as predicted once the fit has one
     assert len(model.ratios) == ENOUGH_PAGES  # none against the prior of 1 s or a fit of fewer pages
@@ -85,11 +86,11 @@ def test_admission_bound_is_wide_while_little_is_known_and_follows_over_runs():
 
 
 def test_a_machine_slower_than_at_calibration_widens_the_margin_while_few_were_seen():
-    """Four pages each 1.5 times their prediction: the margin is their median times
-    ``1 + 0.5 / sqrt(5)``."""
+    """Four pages each 1.5 times their prediction: the margin is their centre times
+    ``1 + 0.3 / sqrt(5)``."""
     model = ServiceTime(initial_s=1.0)
     model.ratios.extend([1.5] * 4)
-    assert model.warming and model.prior_margin() == pytest.approx(1.5 * (1 + 0.5 / math.sqrt(5)))
+    assert model.warming and model.prior_margin() == pytest.approx(1.5 * (1 + 0.3 / math.sqrt(5)))
 
 
 def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_seen():
@@ -100,18 +101,31 @@ def test_one_page_far_over_its_prediction_does_not_set_the_bound_while_few_were_
         model.record(page(1, 1), seconds)
     assert max(model.ratios) > 5
     assert model.over_run() == pytest.approx(1.0, abs=0.2)
-    assert model.upper_factor() == model.prior_margin() < 1.0 + 0.5 / math.sqrt(6) + 0.2
+    assert model.upper_factor() == model.prior_margin() < 1.0 + 0.3 / math.sqrt(6) + 0.2
 
 
-def test_over_runs_of_many_pages_together_narrow_towards_the_median():
-    """Ratios spread 0.8-1.6 around a median of 1.0: one page is bound at their 0.9 quantile,
-    16 pages together a quarter of the way from the median to it (1 / sqrt(16))."""
+def test_over_runs_of_many_pages_together_narrow_towards_their_centre():
+    """Ratios spread 0.8-1.6, pseudo-median 1.1: one page is bound at their 0.9 quantile, 16 pages
+    together a quarter of the way from the centre to it (1 / sqrt(16))."""
     model = ServiceTime(initial_s=1.0)
     model.ratios.extend([0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6] * 2)
     upper = sorted(model.ratios)[math.ceil(0.9 * 32) - 1]
+    assert pseudo_median(model.ratios) == pytest.approx(1.1)
     assert model.over_run() == model.over_run(0.5) == model.upper_factor() == upper == 1.5
-    assert model.over_run(16) == pytest.approx(1.0 + (1.5 - 1.0) / 4)
-    assert model.upper_factor(4) == pytest.approx(1.25)
+    assert model.over_run(16) == pytest.approx(1.1 + (1.5 - 1.1) / 4)
+    assert model.upper_factor(4) == pytest.approx(1.3)
+
+
+def test_ratios_in_two_groups_do_not_flip_the_margin_with_one_page():
+    """Two pages in the engine together split its seconds unevenly, so ratios alternate (0.54 and
+    1.29, measured on receipts beside a CPU hog): one ratio more moves their median from one group
+    to the other (the margin from 1.14 to 1.37 there), their pseudo-median barely."""
+    model = ServiceTime(initial_s=1.0)
+    model.ratios.extend([0.54, 1.29] * 6)
+    assert model.prior_margin() == pytest.approx(1 + 0.3 / math.sqrt(13))
+    model.ratios.append(1.29)
+    assert sorted(model.ratios)[6] == 1.29  # the median flipped
+    assert model.prior_margin() == pytest.approx(1 + 0.3 / math.sqrt(14))  # the centre stayed below 1
 
 
 def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monkeypatch):

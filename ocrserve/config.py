@@ -524,7 +524,7 @@ class RouterConfig(Section):
         "deadline that only the model's margin for the unseen refuses waits until this many seconds after it arrived "
         "(and at most a fifth of its time left) for pages to finish and narrow it, then is admitted or refused "
         "(refused where no page finished meanwhile); 0 = refuse at once. A fresh gateway's first burst otherwise meets "
-        "the margin for pages it has not seen (1.3) alone",
+        "the margin for pages it has not seen (1.5) alone",
     )
     admission_timeout_s: float = Field(
         10.0,

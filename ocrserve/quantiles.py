@@ -1,9 +1,12 @@
-"""The nearest-rank quantile, the one the project's latencies, over-runs and percentiles use."""
+"""The nearest-rank quantile, the one the project's latencies, over-runs and percentiles use, and
+the pseudo-median that centres over-runs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 
 def nearest_rank(ranked: Sequence[float], q: float) -> float:
@@ -29,6 +32,8 @@ def pseudo_median(values: Sequence[float]) -> float:
     Raises:
         IndexError: ``values`` is empty.
     """
-    ordered = sorted(values)
-    averages = sorted((a + b) / 2 for i, a in enumerate(ordered) for b in ordered[i:])
-    return nearest_rank(averages, 0.5)
+    x = np.asarray(values, dtype=np.float64)
+    if not x.size:
+        raise IndexError("the pseudo-median of no values")
+    first, second = np.triu_indices(x.size)
+    return nearest_rank(np.sort((x[first] + x[second]) / 2), 0.5).item()

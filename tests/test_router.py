@@ -681,9 +681,9 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     while nothing was measured); a client that sends a timeout gets what it asked for."""
     router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
     fast = router.lanes[FAST]
-    # nothing ahead: the bound is the estimate itself, whatever the upper factor (1.3 while nothing was measured)
+    # nothing ahead: the bound is the estimate itself, whatever the upper factor (1.5 while nothing was measured)
     page = Work(1, 3e5, 300)
-    assert router.upper_factor() == 1.3 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
+    assert router.upper_factor() == 1.5 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass

@@ -109,7 +109,7 @@ class Stats(BaseModel):
     lanes: dict[str, LaneStats] = Field(description="by lane: fast and bulk")
     upper_factor: float = Field(
         description="what admission multiplies the work ahead of a request by: a high quantile of how far pages "
-        "ran over their prediction (at least 1.3 before the first was measured, narrowing to 1 by the 16th), or "
+        "ran over their prediction (at least 1.5 before the first was measured, narrowing to 1 by the 16th), or "
         "the pages in the engine's median over-run"
     )
     fast_latency_target_s: float | None = Field(

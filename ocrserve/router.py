@@ -613,8 +613,8 @@ class Router:
     def check_held(self, terms: Terms, pages: int, least: Work, arrival: int) -> None:
         """Refuse a request of ``pages`` pages whose deadline even their ``least`` work overruns,
         behind the work ahead of arrival ``arrival``: without the margin for the unseen where
-        evidence may yet save it (:meth:`admit` would wait for it, and a page is expected to finish
-        within the wait: :meth:`next_page_s`), with it otherwise. :meth:`held` checks on entry; the
+        evidence may yet save it (:meth:`admit` would wait for it, and a page ahead of it is
+        expected to finish within the wait: :meth:`next_page_s`), with it otherwise. :meth:`held` checks on entry; the
         service again when the request's turn to be previewed comes
         (:class:`~ocrserve.service.OcrService`), as the requests admitted meanwhile may leave it
         no room.
@@ -627,8 +627,9 @@ class Router:
         lane = self.lanes[terms.lane]
         bursting = terms.bursts and self.bursts
         estimate = sum(self._estimate(lane, least, terms.order, bursting, terms.client, arrival))
-        margin = self._evidence_wait_s(lane, terms, bursting) <= self.next_page_s()  # or evidence may yet save it
         ahead = self._pages_ahead(lane, terms.order, bursting, arrival)
+        # without the margin where evidence may yet save it: a page ahead is due within the wait
+        margin = not ahead or self._evidence_wait_s(lane, terms, bursting) <= self.next_page_s()
         bound = self._bound(estimate, least, ahead, margin, bursting)
         self._check_deadline(lane, pages, terms, bound, least)
 
@@ -777,9 +778,10 @@ class Router:
         margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
         would refuse a request: each page that finishes narrows the margin and shortens the work
         ahead, so the request is then priced again. Ends once its bound (:meth:`bound_s`) fits its
-        deadline, once even the bound without the margin does not, once the model is warm, or once
-        no page is expected to finish before the time is up (:meth:`next_page_s`, by the model's
-        own prediction). Meanwhile its work counts ahead of the requests that arrive after it.
+        deadline, once even the bound without the margin does not, once the model is warm, once
+        no page is ahead of it or in the engine (none can finish), or once no page is expected to
+        finish before the time is up (:meth:`next_page_s`, by the model's own prediction).
+        Meanwhile its work counts ahead of the requests that arrive after it.
 
         Returns None where a page finished while it waited, else the share clock's reading when
         it began: :meth:`admit` then prices the pages in the engine as they were then
@@ -799,7 +801,9 @@ class Router:
                     unlearned = frozen if self._evidence is came else None
                     estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival, unlearned))
                     ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
-                    if self._bound(estimate, work, ahead) <= left or self._bound(estimate, work, ahead, False) > left:
+                    if not ahead or self._bound(estimate, work, ahead) <= left:
+                        break  # no page ahead to finish, or it fits
+                    if self._bound(estimate, work, ahead, False) > left:
                         break
                     evidence = self._evidence
                     with contextlib.suppress(TimeoutError):
@@ -858,13 +862,15 @@ class Router:
         in the engine's :meth:`slowdown` (of the pages that burst, where the request is one that
         ``bursting``: it overtakes the others). Its own part at its mean let a 2-page dense document in
         at 43 s of a 45 s deadline, and answered it 504 on a machine whose other core was taken.
-        Alone on an idle engine its own part goes without the prior's margin, so that a fresh
-        gateway admits what it can do and learns from it; behind other work it went without it
-        too, and a fresh gateway admitted a second 2-page dense document (8.4 Mpx and a letter
-        page) behind the first and answered it 504."""
+        With ``margin`` its own part carries the prior's margin whatever is ahead of it: without
+        it behind other work, a fresh gateway admitted a second 2-page dense document (8.4 Mpx
+        and a letter page) behind the first and answered it 504; without it alone on an idle
+        engine, a fresh gateway beside a CPU hog admitted a lone 2-page document of 22-px text
+        that ran 55 s against its 45 s deadline (a fresh gateway now refuses what needs more than
+        two thirds of its deadline until finished pages narrow the margin)."""
         slowdown, own = self.slowdown(bursting), self.own_s(work)
         own_factor = max(self.service.over_run(work.pages), slowdown)
-        if margin and estimate > own:
+        if margin:
             own_factor = max(own_factor, self.service.prior_margin())
         ahead_factor = self.service.upper_factor(ahead) if margin else self.service.over_run(ahead)
         return own * own_factor + (estimate - own) * max(ahead_factor, slowdown)

@@ -22,7 +22,7 @@ from ocrserve.preprocess.lines import line_units
 from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import BACKGROUND_SHARE, Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
-from ocrserve.servicetime import Work
+from ocrserve.servicetime import UNSEEN_FACTOR, Work
 from ocrserve.work import Deadline, Priority, WorkItem
 from tests.samples import phototest
 
@@ -241,8 +241,13 @@ async def test_a_request_that_cannot_finish_by_its_deadline_is_refused_at_admiss
     assert router.service.measured == 0
     assert router.estimate_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0)
     # a retry cannot help a page that alone outlasts its timeout: it says so
-    with pytest.raises(Overloaded, match="even on an idle engine it would take about 2.0 s; send a longer timeout"):
+    with pytest.raises(Overloaded, match="even on an idle engine it would take about 3.0 s; send a longer timeout"):
         async with router.admit(terms(router, FAST, deadline=Deadline.after(1.0)), 1):
+            pass
+    # alone on an idle engine it is held to the margin for the unseen too: 2.0 s x 1.5 > 2.5 s
+    assert router.bound_s(router.lanes[FAST], Work(1, 3e5, 300)) == pytest.approx(2.0 * UNSEEN_FACTOR)
+    with pytest.raises(Overloaded, match="about 3.0 s"):
+        async with router.admit(terms(router, FAST, deadline=Deadline.after(2.5)), 1):
             pass
     async with router.admit(request := terms(router, FAST), 1, visual_tokens=300) as reservation:
         await router.submit(text_page(), reservation, request)
@@ -324,6 +329,29 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             assert not router._awaiting
             reservation.release(1)
         await asyncio.gather(*queued)
+
+
+async def test_a_request_alone_on_a_fresh_idle_engine_is_held_to_the_margin_and_refused_at_once(make_router):
+    """Alone on an idle engine a fresh router (2 s a page, the margin for the unseen 1.5) holds a
+    1-page request to 3 s: with 2.5 s left it is refused, at once, though it may wait 5 s for
+    evidence (no page is ahead of it to finish), both on entry (:meth:`check_held`) and at
+    admission. The lone request once went without the margin, and a fresh gateway beside a CPU
+    hog admitted a 2-page document of 22-px text that ran 55 s against its 45."""
+    router = make_router(initial_page_s=2.0, evidence_wait_s=5.0)
+    bulk = router.lanes[BULK]
+    page = router.request_work([(640, 480)], 1, [239])
+    assert router._pages_ahead(bulk, None, False) == 0 and router.estimate_s(bulk, page) == pytest.approx(2.0)
+    assert router.bound_s(bulk, page) == pytest.approx(3.0)
+    request = terms(router, BULK, deadline=Deadline.after(2.5))
+    with pytest.raises(Overloaded, match="even on an idle engine it would take about 3.0 s"):
+        router.check_held(request, 1, page, next(router._arrivals))
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match="even on an idle engine it would take about 3.0 s"):
+        async with router.admit(request, 1, work=page):
+            pass
+    assert time.monotonic() - started < 0.1
+    async with router.admit(terms(router, BULK, deadline=Deadline.after(3.5)), 1, work=page) as reservation:
+        assert reservation.pending == 1
 
 
 def dense_page(index: int = 0) -> Page:
@@ -681,23 +709,23 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     while nothing was measured); a client that sends a timeout gets what it asked for."""
     router = make_router(initial_page_s=2.0, fast={"latency_target_s": 1.5})
     fast = router.lanes[FAST]
-    # nothing ahead: the bound is the estimate itself, whatever the upper factor (1.5 while nothing was measured)
+    # nothing ahead: the bound is the estimate times the margin for the unseen (1.5 while nothing was measured)
     page = Work(1, 3e5, 300)
-    assert router.upper_factor() == 1.5 and router.bound_s(fast, page) == router.estimate_s(fast, page) == 2.0
+    assert router.upper_factor() == 1.5 and router.estimate_s(fast, page) == 2.0 and router.bound_s(fast, page) == 3.0
     with pytest.raises(Overloaded) as refused:
         async with router.admit(terms(router, FAST), 1, visual_tokens=300):
             pass
     problem = refused.value
-    assert problem.status == 503 and problem.slug == "latency-target" and problem.headers["Retry-After"] == "1"
+    assert problem.status == 503 and problem.slug == "latency-target" and problem.headers["Retry-After"] == "2"
     assert "above its latency target of 1.5 s" in str(problem)
     async with router.admit(terms(router, FAST, deadline=Deadline.after(30)), 1, visual_tokens=300) as reservation:
         assert reservation.pending == 1
-    # the target runs from the request's arrival: 1 s spent before admission leaves 0.5 s for 1 s of work
+    # the target runs from the request's arrival: 1 s spent before admission leaves 0.5 s for a bound of 1.5 s
     router = make_router(initial_page_s=1.0, fast={"latency_target_s": 1.5})
     async with router.admit(terms(router, FAST), 1, visual_tokens=300):
         pass
     late_comer = dataclasses.replace(terms(router, FAST), arrived=time.monotonic() - 1.0)
-    with pytest.raises(Overloaded, match="in about 2.0 s, above its latency target of 1.5 s"):
+    with pytest.raises(Overloaded, match="in about 2.5 s, above its latency target of 1.5 s"):
         async with router.admit(late_comer, 1, visual_tokens=300):
             pass
     # with latency_target_multiple the target is that many times the request's time on an idle

@@ -65,7 +65,10 @@ async def run_pages(router: Router, count: int) -> None:
 @pytest.mark.asyncio
 async def test_the_limit_shrinks_when_pages_queue_in_the_engine_and_grows_when_they_stop():
     engine = KneeEngine(slots=16, base=0.02, knee=4)
-    router = Router(engine, RouterConfig.model_validate({"concurrency": "adaptive", "bulk": {"queue_pages": 400}}))
+    # the prior near the engine's page (not the default 1 s): 200 pages priced at 200 s, times the
+    # margin for the unseen, would not fit the bulk lane's default deadline
+    settings = {"concurrency": "adaptive", "bulk": {"queue_pages": 400}, "initial_page_s": 0.05}
+    router = Router(engine, RouterConfig.model_validate(settings))
     router.start()
     try:
         assert router.limit == 16  # starts at the planned slots x overcommit

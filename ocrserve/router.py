@@ -614,10 +614,10 @@ class Router:
         """Refuse a request of ``pages`` pages whose deadline even their ``least`` work overruns,
         behind the work ahead of arrival ``arrival``: without the margin for the unseen where
         evidence may yet save it (:meth:`admit` would wait for it, and a page ahead of it is
-        expected to finish within the wait: :meth:`next_page_s`), with it otherwise. :meth:`held` checks on entry; the
-        service again when the request's turn to be previewed comes
-        (:class:`~ocrserve.service.OcrService`), as the requests admitted meanwhile may leave it
-        no room.
+        expected to finish within the wait: :meth:`next_page_s`), with it otherwise.
+        :meth:`held` checks on entry; the service again when the request's turn to be previewed
+        comes (:class:`~ocrserve.service.OcrService`), as the requests admitted meanwhile may
+        leave it no room.
 
         Raises:
             Overloaded: as :meth:`admit`.
@@ -801,9 +801,11 @@ class Router:
                     unlearned = frozen if self._evidence is came else None
                     estimate = sum(self._estimate(lane, work, terms.order, False, terms.client, arrival, unlearned))
                     ahead, left = self._pages_ahead(lane, terms.order, False, arrival), terms.deadline.left()
-                    if not ahead or self._bound(estimate, work, ahead) <= left:
-                        break  # no page ahead to finish, or it fits
-                    if self._bound(estimate, work, ahead, False) > left:
+                    if (
+                        not ahead  # no page can finish meanwhile
+                        or self._bound(estimate, work, ahead) <= left
+                        or self._bound(estimate, work, ahead, False) > left
+                    ):
                         break
                     evidence = self._evidence
                     with contextlib.suppress(TimeoutError):

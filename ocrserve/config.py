@@ -503,7 +503,8 @@ class RouterConfig(Section):
         True,
         description="Time three synthetic pages (a line, a full letter page, the letter page with one line) at "
         "start, before /readyz is 200, so admission estimates know how a page's time grows with its pixels and its "
-        "text from the first request",
+        "text from the first request; as interactive and as background pages where the engine runs those apart "
+        "(the embedded engine, whose background pages take about twice as long)",
     )
     calibrate_max_tokens: int = Field(
         1024,

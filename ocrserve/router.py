@@ -385,7 +385,7 @@ class Router:
         self._awaiting: list[Awaiting] = []  # requests being previewed or waiting for evidence
         self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
-        self.idle = ServiceTime(cfg.initial_page_s)  # the same, on an idle engine (the calibration pages)
+        self.idle = ServiceTime(cfg.initial_page_s)  # an interactive page's on an idle engine (calibration)
         self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.mean_work = Work(pages=1)  # moving average of a dispatched page's work
         self.units_per_mpx = PRIOR_UNITS_PER_MPX  # moving average over decoded pages
@@ -405,22 +405,33 @@ class Router:
 
     async def calibrate(self, pages: list[Page]) -> None:
         """Run ``pages`` (synthetic ones of different cost, before clients are served) straight
-        through the engine, one at a time, and teach the admission's service-time model their
-        seconds (at the engine's full concurrency a page takes longer; later pages correct it).
+        through the engine, one at a time, and teach the admission's service-time models their
+        seconds (at the engine's full concurrency a page takes longer; later pages correct it):
+        :attr:`idle` as interactive pages (a single page's), :attr:`service` as background ones
+        (a document's) where the engine runs those apart
+        (:attr:`~ocrserve.engines.base.Engine.background_apart`), else the same seconds. Timed as
+        interactive pages alone, a fresh gateway priced a burst of 2-page documents of short
+        strips at 1.04 s a page, which took 1.8 s each as the background pages they were, and
+        answered the last one it admitted 504.
+
         Each reply is capped at ``router.calibrate_max_tokens`` output tokens
         (:meth:`~ocrserve.engines.base.Engine.calibration_page`), so that a model that never ends
         its reply cannot hold ``/readyz`` for its whole ``max_tokens``."""
         works = [self.page_work(page) for page in pages]
         for page, work in zip(pages, works, strict=True):
-            started = time.monotonic()
-            await self.engine.calibration_page(
-                page, priority=EngineClass.INTERACTIVE, max_tokens=self.cfg.calibrate_max_tokens
-            )
-            seconds = time.monotonic() - started
-            self.service.record(work, seconds)
+            seconds = await self._calibration_s(page, EngineClass.INTERACTIVE)
             self.idle.record(work, seconds)
+            if self.engine.background_apart:
+                seconds = await self._calibration_s(page, EngineClass.BACKGROUND)
+            self.service.record(work, seconds)
         if works:
             self.mean_work = sum(works, NO_WORK).scaled(1 / len(works))
+
+    async def _calibration_s(self, page: Page, engine_class: EngineClass) -> float:
+        """Seconds the engine takes to OCR calibration ``page`` as a page of ``engine_class``."""
+        started = time.monotonic()
+        await self.engine.calibration_page(page, priority=engine_class, max_tokens=self.cfg.calibrate_max_tokens)
+        return time.monotonic() - started
 
     @property
     def in_flight(self) -> int:

@@ -114,7 +114,8 @@ async def test_bulk_pages_run_on_lower_priority_threads(scheduling):
 async def test_one_set_of_sessions_where_both_would_be_alike():
     """With ``background_threads`` equal to ``intra_op_num_threads`` (batch's actors: 0, every core)
     bulk and interactive pages run on the same sessions, built once, and read the same; with the
-    default one thread per bulk stage they have sessions of their own."""
+    default one thread per bulk stage they have sessions of their own (and admission times the
+    calibration pages in both classes)."""
     alike = await started(background_threads=0)
     default = await started()
     try:
@@ -124,6 +125,7 @@ async def test_one_set_of_sessions_where_both_would_be_alike():
         assert bulk.text == interactive.text and bulk.text.startswith("This is a lot of 12 point text")
         assert alike._stages(5).det.session.session is alike._stages(0).det.session.session
         assert default._stages(5).det.session.session is not default._stages(0).det.session.session
+        assert default.background_apart and not alike.background_apart
     finally:
         await alike.close()
         await default.close()

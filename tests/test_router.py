@@ -695,10 +695,15 @@ async def test_calibration_teaches_the_service_time_model_what_text_costs(make_r
     strip, letter, sparse = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
     assert strip.line_units <= sparse.line_units < letter.line_units / 10
     await router.calibrate([strip, letter, sparse])
-    assert router.service.measured == 3
+    assert router.service.measured == 3 and router.idle.measured == 3
     dense_s, sparse_s = (router.service.seconds(router.page_work(page)) for page in (letter, sparse))
     assert dense_s > 1.5 * sparse_s
     assert router.mean_work.pages == 1 and router.mean_work.units > sparse.line_units
+    # the embedded engine runs background pages (documents') on one thread a stage: the service
+    # model learned them as such, the idle one as interactive pages on every core
+    assert router.engine.background_apart
+    letter_work = router.page_work(letter)
+    assert router.service.seconds(letter_work) > 1.2 * router.idle.seconds(letter_work)
 
 
 async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_the_client_set_a_timeout(

@@ -70,6 +70,14 @@ class Engine(abc.ABC):
     def slots(self) -> int:
         """Pages the engine can work on at once without queueing internally."""
 
+    @property
+    def background_apart(self) -> bool:
+        """Whether background pages run on sessions of their own, at another speed than
+        interactive ones (the embedded engine: one thread a stage, so a page alone there takes
+        about twice as long); admission then times its calibration pages in both classes
+        (:meth:`~ocrserve.router.Router.calibrate`). False here: the class is a priority only."""
+        return False
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load models and warm up; sets ``ready``. Raises on a model that cannot load."""

@@ -156,6 +156,14 @@ class OnnxEngine(Engine):
     def slots(self) -> int:
         return 2 * self.cfg.det_workers
 
+    @property
+    def background_apart(self) -> bool:
+        """Whether background pages have sessions of their own (``background_threads`` differs
+        from ``intra_op_num_threads``). Measured on 2 cores (2026-12-05, one page at a time): the
+        calibration pages took 0.83-0.91, 2.52-2.62 and 1.37 s as interactive pages and 1.45-1.67,
+        4.62-4.77 and 2.53-2.63 s as background ones; a 395 x 36 px strip 0.99-1.01 s and 1.85-1.87 s."""
+        return self._background is not None and self._background is not self._urgent
+
     async def start(self) -> None:
         """Load both sets of ONNX sessions (detection, orientation, recognition) and run one synthetic
         page through each (straight, not through the batcher, which would hold it for

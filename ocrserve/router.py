@@ -386,6 +386,7 @@ class Router:
         self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.idle = ServiceTime(cfg.initial_page_s)  # an interactive page's on an idle engine (calibration)
+        self.idle_background = ServiceTime(cfg.initial_page_s)  # a background page's, two side by side
         self.page_cost = 1.0  # moving average of a dispatched page's cost
         self.mean_work = Work(pages=1)  # moving average of a dispatched page's work
         self.units_per_mpx = PRIOR_UNITS_PER_MPX  # moving average over decoded pages
@@ -407,8 +408,8 @@ class Router:
         """Run ``pages`` (synthetic ones of different cost, before clients are served) straight
         through the engine, one at a time, and teach the admission's service-time models their
         seconds (at the engine's full concurrency a page takes longer; later pages correct it):
-        :attr:`idle` as interactive pages (a single page's), :attr:`service` as background ones
-        (a document's) where the engine runs those apart
+        :attr:`idle` as interactive pages (a single page's), :attr:`service` and
+        :attr:`idle_background` as background ones (a document's) where the engine runs those apart
         (:attr:`~ocrserve.engines.base.Engine.background_apart`), else the same seconds. Timed as
         interactive pages alone, a fresh gateway priced a burst of 2-page documents of short
         strips at 1.04 s a page, which took 1.8 s each as the background pages they were, and
@@ -428,6 +429,7 @@ class Router:
             if self.engine.background_apart:
                 seconds = await self._calibration_s(page, EngineClass.BACKGROUND, copies=2)
             self.service.record(work, seconds)
+            self.idle_background.record(work, seconds)
         if works:
             self.mean_work = sum(works, NO_WORK).scaled(1 / len(works))
 
@@ -541,7 +543,7 @@ class Router:
         due = None  # when a request held to the latency target should be done by its bound
         if lane.name == FAST and not terms.deadline_is_clients and self.has_latency_target:
             latency_bound = self._bound(estimate, work, 1.0, bursting=bursting)
-            due = self._check_latency_target(lane, work, latency_bound, terms.arrived)
+            due = self._check_latency_target(lane, work, latency_bound, terms.arrived, bursting)
         if bursting:
             self._keep_promises(lane, work, terms.client)
         promise = None
@@ -930,21 +932,26 @@ class Router:
         ``latency_target_multiple`` set)."""
         return bool(self.cfg.fast.latency_target_s or self.cfg.fast.latency_target_multiple)
 
-    def latency_target_s(self, work: Work) -> float:
+    def latency_target_s(self, work: Work, bursting: bool = True) -> float:
         """The fast lane's latency target for a request asking ``work``:
         ``router.fast.latency_target_s``, or ``latency_target_multiple`` x its seconds on an idle
-        engine (the calibration pages' fit; without calibration, the finished pages' fit: the
-        debug engine takes a minute a page); its pages side by side in the engine's slots."""
+        engine (the calibration pages' fit, as interactive pages for a request whose pages burst,
+        else as background ones, as admission prices it; without calibration, the finished pages'
+        fit: the debug engine takes a minute a page); its pages side by side in the engine's slots."""
         if self.cfg.fast.latency_target_s:
             return self.cfg.fast.latency_target_s
-        idle = self.idle if self.idle.measured else self.service
+        idle = self.idle if bursting else self.idle_background
+        idle = idle if idle.measured else self.service
         idle_s = idle.seconds(work) / max(1.0, min(work.pages, self.limit))
         return self.cfg.fast.latency_target_multiple * idle_s
 
-    def _check_latency_target(self, lane: Lane, work: Work, bound: float, arrived: float | None) -> float:
+    def _check_latency_target(
+        self, lane: Lane, work: Work, bound: float, arrived: float | None, bursting: bool
+    ) -> float:
         """Refuse now a fast request without its own ``timeout`` that would not be done within the
-        lane's :meth:`latency_target_s` of when it ``arrived`` (``time.monotonic()``; None: now):
-        the seconds it took to reach admission (its upload, inspection, previews), ``bound`` more
+        lane's :meth:`latency_target_s` (for pages that burst where ``bursting``) of when it
+        ``arrived`` (``time.monotonic()``; None: now): the seconds it took to reach admission (its
+        upload, inspection, previews), ``bound`` more
         (:meth:`_bound` with one page's quantile for the work ahead, not the narrower one of many
         pages together: the target is one for the lane's p95, not a deadline), and the
         :meth:`latency_headroom_s`. With the narrower bound and without the seconds before
@@ -955,7 +962,7 @@ class Router:
         Returns:
             When the request is due by its bound without the headroom (``time.monotonic()``).
         """
-        target = self.latency_target_s(work)
+        target = self.latency_target_s(work, bursting)
         pages = round(work.pages)
         now = time.monotonic()
         due = now + bound

@@ -695,7 +695,7 @@ async def test_calibration_teaches_the_service_time_model_what_text_costs(make_r
     strip, letter, sparse = calibration_pages(PreprocessConfig(max_side=2000, factor=1))
     assert strip.line_units <= sparse.line_units < letter.line_units / 10
     await router.calibrate([strip, letter, sparse])
-    assert router.service.measured == 3 and router.idle.measured == 3
+    assert router.service.measured == router.idle.measured == router.idle_background.measured == 3
     dense_s, sparse_s = (router.service.seconds(router.page_work(page)) for page in (letter, sparse))
     assert dense_s > 1.5 * sparse_s
     assert router.mean_work.pages == 1 and router.mean_work.units > sparse.line_units

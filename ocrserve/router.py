@@ -406,7 +406,7 @@ class Router:
 
     async def calibrate(self, pages: list[Page]) -> None:
         """Run ``pages`` (synthetic ones of different cost, before clients are served) straight
-        through the engine, one at a time, and teach the admission's service-time models their
+        through the engine, one page at a time, and teach the admission's service-time models their
         seconds (at the engine's full concurrency a page takes longer; later pages correct it):
         :attr:`idle` as interactive pages (a single page's), :attr:`service` and
         :attr:`idle_background` as background ones (a document's) where the engine runs those apart

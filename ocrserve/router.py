@@ -866,8 +866,14 @@ class Router:
         """A request's own part of :meth:`estimate_s`: its pages' shares of the engine, and at
         least one of its pages' seconds on an idle engine (a page is not done sooner however
         many the engine batches)."""
-        idle = self.idle if self.idle.measured else self.service
-        return max(self.service.seconds(work), idle.seconds(work.scaled(1 / max(work.pages, 1))))
+        return max(self.service.seconds(work), self._idle().seconds(work.scaled(1 / max(work.pages, 1))))
+
+    def _idle(self, bursting: bool = True) -> ServiceTime:
+        """The model of a page's seconds on an idle engine: :attr:`idle` (interactive pages, those
+        that burst) or, unless ``bursting``, :attr:`idle_background`; :attr:`service` where it
+        was not calibrated."""
+        idle = self.idle if bursting else self.idle_background
+        return idle if idle.measured else self.service
 
     def bound_s(self, lane: Lane, work: Work, priority: int | None = None, bursts: bool = False) -> float:
         """What admission holds a request to: :meth:`estimate_s` with the work ahead of it times
@@ -940,9 +946,7 @@ class Router:
         fit: the debug engine takes a minute a page); its pages side by side in the engine's slots."""
         if self.cfg.fast.latency_target_s:
             return self.cfg.fast.latency_target_s
-        idle = self.idle if bursting else self.idle_background
-        idle = idle if idle.measured else self.service
-        idle_s = idle.seconds(work) / max(1.0, min(work.pages, self.limit))
+        idle_s = self._idle(bursting).seconds(work) / max(1.0, min(work.pages, self.limit))
         return self.cfg.fast.latency_target_multiple * idle_s
 
     def _check_latency_target(

@@ -47,7 +47,7 @@ from ocrserve.policies import FairTags, create_policy
 from ocrserve.preprocess.lines import counted_pixels
 from ocrserve.quantiles import nearest_rank
 from ocrserve.scheduling import BULK, FAST, Terms, may_dispatch
-from ocrserve.servicetime import ENOUGH_PAGES, NO_WORK, RATIOS_KEPT, ServiceTime, ShareClock, Work
+from ocrserve.servicetime import ENOUGH_PAGES, NO_WORK, RATIOS_KEPT, Readings, ServiceTime, ShareClock, Work
 from ocrserve.work import Deadline, EngineClass
 
 #: Seconds of completions the drain rate is measured over.
@@ -138,6 +138,11 @@ class Ticket:
     def deadline(self) -> Deadline | None:
         """When it must be done, or None."""
         return self.terms.deadline
+
+    @property
+    def interactive(self) -> bool:
+        """Whether the engine runs it as an interactive page (:class:`~ocrserve.work.EngineClass`)."""
+        return self.terms.engine_class is EngineClass.INTERACTIVE
 
 
 @dataclass(eq=False)
@@ -385,6 +390,7 @@ class Router:
         self._awaiting: list[Awaiting] = []  # requests being previewed or waiting for evidence
         self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
+        self.interactive_service = self.service  # an interactive page's, where the engine runs those apart
         self.idle = ServiceTime(cfg.initial_page_s)  # an interactive page's on an idle engine (calibration)
         self.idle_background = ServiceTime(cfg.initial_page_s)  # a background page's, two side by side
         self.page_cost = 1.0  # moving average of a dispatched page's cost
@@ -419,14 +425,27 @@ class Router:
         letter page 4.69 s alone, 3.56 s two side by side, 3.02 s four; the strip 1.51, 1.40 and
         1.37 s; the page of one line 2.47, 2.42 and 2.42 s.
 
+        Where the engine runs the classes apart, interactive pages get a model of their own,
+        :attr:`interactive_service`, seeded with their calibration seconds and learned from the
+        single pages that finish as :attr:`service` is from the rest, and the share clock gives
+        background pages :data:`BACKGROUND_SHARE` of the engine while single pages are in it
+        (:class:`~ocrserve.servicetime.ShareClock`). With one model, a single page every 0.5 s beside
+        a flood of turned documents (single pages 0.6 times the background price, by the share
+        clock's equal shares) drew it down to 0.55 times a background page's seconds: a 4-page
+        document was priced at 6.4 s of the engine, admitted, and answered 504 after 56 s.
+
         Each reply is capped at ``router.calibrate_max_tokens`` output tokens
         (:meth:`~ocrserve.engines.base.Engine.calibration_page`), so that a model that never ends
         its reply cannot hold ``/readyz`` for its whole ``max_tokens``."""
         works = [self.page_work(page) for page in pages]
+        if self.engine.background_apart:
+            self.interactive_service = ServiceTime(self.cfg.initial_page_s)
+            self.clock.background_share = BACKGROUND_SHARE
         for page, work in zip(pages, works, strict=True):
             seconds = await self._calibration_s(page, EngineClass.INTERACTIVE)
             self.idle.record(work, seconds)
             if self.engine.background_apart:
+                self.interactive_service.record(work, seconds)
                 seconds = await self._calibration_s(page, EngineClass.BACKGROUND, copies=2)
             self.service.record(work, seconds)
             self.idle_background.record(work, seconds)
@@ -584,7 +603,7 @@ class Router:
             Overloaded: a promise's slack would run out (503 ``engine-promised``, ``Retry-After``
                 until the first such request is done by its bound).
         """
-        own = self.own_s(work)
+        own = self.own_s(work, bursting=True)
         delay = own * (1 - BACKGROUND_SHARE)
         broken = [promise for promise in self._promises if promise.slack_s < delay]
         if broken:
@@ -734,16 +753,16 @@ class Router:
         bursts: bool,
         client: str | None,
         arrival: int | None = None,
-        frozen: float | None = None,
+        frozen: Readings | None = None,
     ) -> tuple[float, float]:
         """:meth:`estimate_s` in two parts: the seconds without single pages, and what the single
         pages expected beside it add (0 for a request that ``bursts``). The requests not admitted
         yet count ahead of it (those that came before ``arrival``, where given); the pages in the
-        engine count what was left of them at the share clock's reading ``frozen``, where given
+        engine count what was left of them at the share clock's readings ``frozen``, where given
         (:meth:`in_engine_s`)."""
         in_engine = self.in_engine_s(bursting_only=bursts, frozen=frozen)
         ahead = self._work_ahead(lane, priority, arrival)
-        seconds = self.service.seconds(ahead) + in_engine + self.own_s(work) + self.inside_s()
+        seconds = self._model(bursts).seconds(ahead) + in_engine + self.own_s(work, bursts) + self.inside_s()
         if bursts:
             return seconds, 0.0
         busy = self.interactive.fraction(excluding=client)
@@ -794,7 +813,9 @@ class Router:
         waited = terms.since_arrival_s()
         return max(0.0, min(self.cfg.evidence_wait_s - waited, EVIDENCE_WAIT_SHARE * terms.deadline.left()))
 
-    async def _await_evidence(self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float) -> float | None:
+    async def _await_evidence(
+        self, lane: Lane, terms: Terms, work: Work, arrival: int, wait_s: float
+    ) -> Readings | None:
         """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's
         margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
         would refuse a request: each page that finishes narrows the margin and shortens the work
@@ -841,7 +862,7 @@ class Router:
         is left of its predicted share, in wall seconds beside the others), or with none in it, an
         average page's (:attr:`mean_work`)."""
         now = self.clock.now()
-        left = [max(0.0, t.predicted_s - (now - t.entered)) for t in self._running.values()]
+        left = [max(0.0, t.predicted_s - (now.of(t.interactive) - t.entered)) for t in self._running.values()]
         if left:
             return min(left) * max(1, self.clock.pages)
         return self.service.seconds(self.mean_work)
@@ -851,22 +872,30 @@ class Router:
         whose pages burst waits for, and whose over-run it shares)."""
         return [t for t in self._running.values() if t.terms.bursts or not bursting_only]
 
-    def in_engine_s(self, bursting_only: bool = False, frozen: float | None = None) -> float:
+    def in_engine_s(self, bursting_only: bool = False, frozen: Readings | None = None) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
         each page's predicted share less what it has had (by the share clock's reading ``frozen``,
         where given, and none for a page that entered after it), at least
         :data:`IN_ENGINE_FLOOR` of it."""
-        now = self.clock.now() if frozen is None else min(self.clock.now(), frozen)
+        now = self.clock.now() if frozen is None else self.clock.now().earliest(frozen)
         return sum(
-            max(t.predicted_s - max(0.0, now - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
+            max(t.predicted_s - max(0.0, now.of(t.interactive) - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
             for t in self._in_engine(bursting_only)
         )
 
-    def own_s(self, work: Work) -> float:
-        """A request's own part of :meth:`estimate_s`: its pages' shares of the engine, and at
-        least one of its pages' seconds on an idle engine (a page is not done sooner however
-        many the engine batches)."""
-        return max(self.service.seconds(work), self._idle().seconds(work.scaled(1 / max(work.pages, 1))))
+    def own_s(self, work: Work, bursting: bool = False) -> float:
+        """A request's own part of :meth:`estimate_s`: its pages' shares of the engine (as
+        interactive pages where ``bursting``: :meth:`_model`), and at least one of its pages'
+        seconds on an idle engine (:meth:`_idle`: a page is not done sooner however many the
+        engine batches)."""
+        one_page = work.scaled(1 / max(work.pages, 1))
+        return max(self._model(bursting).seconds(work), self._idle(bursting).seconds(one_page))
+
+    def _model(self, interactive: bool) -> ServiceTime:
+        """The model of the shares of the engine pages take: :attr:`interactive_service` for
+        ``interactive`` ones (those that burst), else :attr:`service`; one model where the engine
+        does not run the classes apart (:meth:`calibrate`)."""
+        return self.interactive_service if interactive else self.service
 
     def _idle(self, bursting: bool = True) -> ServiceTime:
         """The model of a page's seconds on an idle engine: :attr:`idle` (interactive pages, those
@@ -897,11 +926,11 @@ class Router:
         engine, a fresh gateway beside a CPU hog admitted a lone 2-page document of 22-px text
         that ran 55 s against its 45 s deadline (a fresh gateway now refuses what needs more than
         two thirds of its deadline until finished pages narrow the margin)."""
-        slowdown, own = self.slowdown(bursting), self.own_s(work)
-        own_factor = max(self.service.over_run(work.pages), slowdown)
+        slowdown, own, model = self.slowdown(bursting), self.own_s(work, bursting), self._model(bursting)
+        own_factor = max(model.over_run(work.pages), slowdown)
         if margin:
-            own_factor = max(own_factor, self.service.prior_margin())
-        ahead_factor = self.service.upper_factor(ahead) if margin else self.service.over_run(ahead)
+            own_factor = max(own_factor, model.prior_margin())
+        ahead_factor = model.upper_factor(ahead) if margin else model.over_run(ahead)
         return own * own_factor + (estimate - own) * max(ahead_factor, slowdown)
 
     def inside_s(self) -> float:
@@ -929,7 +958,9 @@ class Router:
         by design while single pages pass them (beside a bulk flood of scans, a single page that
         took 0.5 s was refused 14 times in 7.5 s, priced at 4.9-7.0 s)."""
         now = self.clock.now()
-        running = sorted((now - t.entered) / t.predicted_s for t in self._in_engine(bursting) if t.predicted_s)
+        running = sorted(
+            (now.of(t.interactive) - t.entered) / t.predicted_s for t in self._in_engine(bursting) if t.predicted_s
+        )
         return running[len(running) // 2] if running else 1.0
 
     @property
@@ -1008,7 +1039,8 @@ class Router:
         wait = max(1, math.ceil(estimate - left))
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
         inside = self.inside_s()
-        if (alone := self._bound(self.own_s(work), work, 0.0)) > left:
+        bursting = terms.bursts and self.bursts
+        if (alone := self._bound(self.own_s(work, bursting), work, 0.0, bursting=bursting)) > left:
             before = terms.since_arrival_s()
             used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
             others = f"; besides, {inside:.0f} s of work is queued in the engine by other clients" if inside else ""
@@ -1131,8 +1163,8 @@ class Router:
         metrics.QUEUE_WAIT_SECONDS.labels(lane.name).observe(time.monotonic() - ticket.enqueued)
         metrics.ENGINE_PAGES.labels(lane.name).inc()
         ticket.started = time.monotonic()
-        ticket.entered = self.clock.enter()
-        ticket.predicted_s = self.service.seconds(ticket.work)
+        ticket.entered = self.clock.enter(ticket.interactive)
+        ticket.predicted_s = self._model(ticket.interactive).seconds(ticket.work)
         ticket.task = ticket.context.run(asyncio.create_task, self._run(ticket))
         self._running[ticket.task] = ticket
         if ticket.terms.bursts:
@@ -1156,14 +1188,14 @@ class Router:
         """The page left the engine (answered, failed or aborted): free its slot."""
         self._running.pop(task, None)
         ticket.lane.in_flight -= 1
-        share = self.clock.leave(ticket.entered)
+        share = self.clock.leave(ticket.entered, ticket.interactive)
         if ticket.single is not None:
             self.interactive.leave(ticket.single)
         now = time.monotonic()
         if not task.cancelled():  # aborted pages say nothing of the lane's drain rate
             ticket.lane.record_done(now, now - ticket.enqueued)
         if ticket.answered:  # an engine's error (vLLM's 400 for a page over max_model_len) comes at once
-            self.service.record(ticket.work, share)
+            self._model(ticket.interactive).record(ticket.work, share)
             self._evidence.set()
             self._evidence = asyncio.Event()
             if self.limiter:

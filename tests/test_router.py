@@ -705,6 +705,16 @@ async def test_calibration_teaches_the_service_time_model_what_text_costs(make_r
     assert router.engine.background_apart
     strip_work = router.page_work(strip)
     assert router.service.seconds(strip_work) > 1.2 * router.idle.seconds(strip_work)
+    # single pages get a model of their own, learned from them alone; documents' pages get their
+    # share of the engine beside them
+    assert router.interactive_service is not router.service and router.interactive_service.measured == 3
+    assert router.clock.background_share == BACKGROUND_SHARE
+    single, document = terms(router, FAST), terms(router, FAST, 2)
+    assert single.bursts and not document.bursts
+    for request, pages in ((single, [strip]), (document, [sparse, sparse])):
+        async with router.admit(request, len(pages)) as reservation:
+            await asyncio.gather(*(router.submit(page, reservation, request) for page in pages))
+    assert (router.interactive_service.measured, router.service.measured) == (4, 5)
 
 
 async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_the_client_set_a_timeout(

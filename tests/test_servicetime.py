@@ -133,14 +133,31 @@ def test_the_share_clock_splits_the_engines_seconds_between_the_pages_in_it(monk
     now = [100.0]
     monkeypatch.setattr("ocrserve.servicetime.time.monotonic", lambda: now[0])
     clock = ShareClock()
-    alone = clock.enter()
+    alone = clock.enter(interactive=False)
     now[0] += 2.0
-    assert clock.leave(alone) == pytest.approx(2.0)
-    entered = [clock.enter() for _ in range(4)]
+    assert clock.leave(alone, interactive=False) == pytest.approx(2.0)
+    kinds = [True, False, False, False]
+    entered = [clock.enter(kind) for kind in kinds]
     now[0] += 8.0
-    shares = [clock.leave(reading) for reading in entered]
-    assert shares[0] == pytest.approx(2.0)  # 8 s shared by four
-    assert sum(shares) == pytest.approx(2.0 + 2.0 + 2.0 + 2.0)
+    shares = [clock.leave(reading, kind) for reading, kind in zip(entered, kinds, strict=True)]
+    assert shares == pytest.approx([2.0, 2.0, 2.0, 2.0])  # 8 s shared by four, whatever their class
+
+
+def test_the_share_clock_gives_background_pages_their_share_beside_interactive_ones(monkeypatch):
+    """With ``background_share``, background pages split that share of the seconds an interactive
+    page is in the engine beside them, and every second of the rest."""
+    now = [100.0]
+    monkeypatch.setattr("ocrserve.servicetime.time.monotonic", lambda: now[0])
+    clock = ShareClock(background_share=0.1)
+    documents = [clock.enter(interactive=False) for _ in range(2)]
+    now[0] += 4.0  # two background pages alone: 2 s each
+    single = clock.enter(interactive=True)
+    now[0] += 10.0  # beside the single page: 0.5 s each, 9 s to it
+    assert clock.now() == pytest.approx((9.0 + 4.0 / 2, 2.0 + 0.5))
+    assert clock.leave(single, interactive=True) == pytest.approx(9.0)
+    now[0] += 1.0
+    assert [clock.leave(reading, interactive=False) for reading in documents] == pytest.approx([3.0, 3.0])
+    assert clock.pages == 0
 
 
 def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(monkeypatch):

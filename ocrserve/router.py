@@ -874,8 +874,8 @@ class Router:
 
     def in_engine_s(self, bursting_only: bool = False, frozen: Readings | None = None) -> float:
         """Seconds of work left in the engine (of its pages that burst, with ``bursting_only``):
-        each page's predicted share less what it has had (by the share clock's reading ``frozen``,
-        where given, and none for a page that entered after it), at least
+        each page's predicted share less what it has had (by the share clock's readings ``frozen``
+        for its class, where given, and none for a page that entered after it), at least
         :data:`IN_ENGINE_FLOOR` of it."""
         now = self.clock.now() if frozen is None else self.clock.now().earliest(frozen)
         return sum(

@@ -162,13 +162,13 @@ class ShareClock:
         """A page entered the engine (an ``interactive`` one, else a background one); returns its
         class's reading when it entered."""
         reading = self.now().of(interactive)
-        self._pages[not interactive] += 1
+        self._pages[0 if interactive else 1] += 1
         return reading
 
     def leave(self, entered: float, interactive: bool) -> float:
         """A page of that class that entered at reading ``entered`` left; returns its share, seconds."""
         share = self.now().of(interactive) - entered
-        self._pages[not interactive] -= 1
+        self._pages[0 if interactive else 1] -= 1
         return share
 
 

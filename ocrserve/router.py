@@ -95,7 +95,7 @@ class Ticket:
         work: what it asks of the engine (:meth:`Router.page_work`), which admission prices.
         predicted_s: its share of the engine's seconds (:class:`~ocrserve.servicetime.ShareClock`)
             as predicted when it was dispatched.
-        entered: the share clock's reading when it was dispatched.
+        entered: the share clock's reading for its class when it was dispatched.
         single: a page that bursts: its token in :attr:`Router.interactive` while it is in the engine.
         terms: its request's scheduling terms.
         seq: ``(request's fair finish tag, admission number, page index, submission number)``, the
@@ -143,6 +143,10 @@ class Ticket:
     def interactive(self) -> bool:
         """Whether the engine runs it as an interactive page (:class:`~ocrserve.work.EngineClass`)."""
         return self.terms.engine_class is EngineClass.INTERACTIVE
+
+    def had_s(self, now: Readings) -> float:
+        """Its share of the engine's seconds so far, by the share clock's readings ``now``."""
+        return now.of(self.interactive) - self.entered
 
 
 @dataclass(eq=False)
@@ -438,13 +442,13 @@ class Router:
         (:meth:`~ocrserve.engines.base.Engine.calibration_page`), so that a model that never ends
         its reply cannot hold ``/readyz`` for its whole ``max_tokens``."""
         works = [self.page_work(page) for page in pages]
-        if self.engine.background_apart:
+        if apart := self.engine.background_apart:
             self.interactive_service = ServiceTime(self.cfg.initial_page_s)
             self.clock.background_share = BACKGROUND_SHARE
         for page, work in zip(pages, works, strict=True):
             seconds = await self._calibration_s(page, EngineClass.INTERACTIVE)
             self.idle.record(work, seconds)
-            if self.engine.background_apart:
+            if apart:
                 self.interactive_service.record(work, seconds)
                 seconds = await self._calibration_s(page, EngineClass.BACKGROUND, copies=2)
             self.service.record(work, seconds)
@@ -862,7 +866,7 @@ class Router:
         is left of its predicted share, in wall seconds beside the others), or with none in it, an
         average page's (:attr:`mean_work`)."""
         now = self.clock.now()
-        left = [max(0.0, t.predicted_s - (now.of(t.interactive) - t.entered)) for t in self._running.values()]
+        left = [max(0.0, t.predicted_s - t.had_s(now)) for t in self._running.values()]
         if left:
             return min(left) * max(1, self.clock.pages)
         return self.service.seconds(self.mean_work)
@@ -879,7 +883,7 @@ class Router:
         :data:`IN_ENGINE_FLOOR` of it."""
         now = self.clock.now() if frozen is None else self.clock.now().earliest(frozen)
         return sum(
-            max(t.predicted_s - max(0.0, now.of(t.interactive) - t.entered), IN_ENGINE_FLOOR * t.predicted_s)
+            max(t.predicted_s - max(0.0, t.had_s(now)), IN_ENGINE_FLOOR * t.predicted_s)
             for t in self._in_engine(bursting_only)
         )
 
@@ -958,9 +962,7 @@ class Router:
         by design while single pages pass them (beside a bulk flood of scans, a single page that
         took 0.5 s was refused 14 times in 7.5 s, priced at 4.9-7.0 s)."""
         now = self.clock.now()
-        running = sorted(
-            (now.of(t.interactive) - t.entered) / t.predicted_s for t in self._in_engine(bursting) if t.predicted_s
-        )
+        running = sorted(t.had_s(now) / t.predicted_s for t in self._in_engine(bursting) if t.predicted_s)
         return running[len(running) // 2] if running else 1.0
 
     @property

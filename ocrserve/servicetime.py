@@ -154,8 +154,7 @@ class ShareClock:
             self._readings[0] += elapsed * (1 - self.background_share) / interactive
             self._readings[1] += elapsed * self.background_share / background
         else:
-            self._readings[0] += elapsed / max(1, interactive + background)
-            self._readings[1] += elapsed / max(1, interactive + background)
+            self._readings = [reading + elapsed / max(1, interactive + background) for reading in self._readings]
         return Readings(*self._readings)
 
     def enter(self, interactive: bool) -> float:

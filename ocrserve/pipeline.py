@@ -14,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ocrserve import metrics
 from ocrserve.engines.base import PageError
 from ocrserve.errors import DeadlinePassed, EngineFailed, EngineRefused, EngineUnavailable, ProblemError
@@ -21,6 +23,7 @@ from ocrserve.pages import Page, PageResult
 from ocrserve.preprocess import DecodeFailure, Preprocessor
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms
+from ocrserve.work import EngineClass
 
 #: Seconds a client is told to wait after a transient engine failure (a vLLM restart takes longer
 #: than a blip; the client's own backoff grows from there).
@@ -129,13 +132,20 @@ class PagePipeline:
         async def submit(page: Page) -> PageResult:
             page.line_units = units
             if units is None:
-                [page.line_units] = await self.preprocessor.line_units([page.image], terms.engine_class)
+                [page.line_units] = await self.line_units([page.image], terms.engine_class)
             return await self.router.submit(page, reservation, terms)
 
         try:
             return await attempt_page(page, submit, skipped=lambda: reservation.release(1))
         except DeadlinePassed as problem:  # the lane's default deadline may pass on a calmer retry
             return Attempt.failed(page.index, problem, transient=not terms.deadline_is_clients)
+
+    async def line_units(self, images: list[np.ndarray | None], engine_class: EngineClass) -> list[float | None]:
+        """:meth:`~ocrserve.preprocess.Preprocessor.line_units` of ``images`` (pages, or a
+        request's previews), the router's share clock told that the count takes a core from the
+        engine's background pages meanwhile (:meth:`~ocrserve.servicetime.ShareClock.pre_empting`)."""
+        with self.router.clock.pre_empting():
+            return await self.preprocessor.line_units(images, engine_class)
 
     @staticmethod
     def count_final(attempt: Attempt) -> None:

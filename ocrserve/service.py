@@ -168,7 +168,7 @@ class OcrService:
 
         async def counted() -> list[float | None]:
             previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-            return await self.preprocessor.line_units(previews, terms.engine_class)
+            return await self.pipeline.line_units(previews, terms.engine_class)
 
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
             return await counted()

@@ -18,12 +18,14 @@ from ocrserve.engines.base import PageError
 from ocrserve.engines.onnx import OnnxEngine
 from ocrserve.errors import DeadlinePassed, Overloaded, PayloadTooLarge
 from ocrserve.pages import Page
+from ocrserve.pipeline import PagePipeline
+from ocrserve.preprocess import Preprocessor
 from ocrserve.preprocess.lines import line_units
 from ocrserve.preprocess.synthetic import calibration_pages
 from ocrserve.router import BACKGROUND_SHARE, Router, retry_after_s
 from ocrserve.scheduling import BULK, FAST, Terms, resolve
 from ocrserve.servicetime import UNSEEN_FACTOR, Work
-from ocrserve.work import Deadline, Priority, WorkItem
+from ocrserve.work import Deadline, EngineClass, Priority, WorkItem
 from tests.samples import phototest
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -829,3 +831,25 @@ async def test_a_fast_document_finishes_beside_a_steady_stream_of_single_pages(m
     await asyncio.gather(*streams)
     assert [p.text[:12] for p in pages] == ["This is a lo"] * 2
     assert took < 30, took
+
+
+async def test_counting_a_pages_line_units_takes_a_core_from_the_background_pages(make_router):
+    """While the gateway counts line units (:meth:`PagePipeline.line_units`, a thread above the
+    engine's background pages), the share clock gives a background page in the engine the cores
+    the count leaves it (``1 - 1 / cores`` of the wall seconds), where the engine runs the classes
+    apart (:data:`BACKGROUND_SHARE` set, as :meth:`Router.calibrate` sets it)."""
+    router = make_router()
+    router.clock.background_share = BACKGROUND_SHARE
+    preprocessor = Preprocessor(PreprocessConfig(workers=1, background_workers=1))
+    image = np.asarray(phototest().convert("L"))
+    try:
+        entered = router.clock.enter(interactive=False)
+        started = time.monotonic()
+        [units] = await PagePipeline(router, preprocessor).line_units([image], EngineClass.BACKGROUND)
+        wall = time.monotonic() - started
+        share = router.clock.leave(entered, interactive=False)
+    finally:
+        preprocessor.close()
+    assert units == pytest.approx(line_units(image))
+    kept = max(0.0, 1 - 1 / router.clock.cores)
+    assert share == pytest.approx(wall * kept, abs=0.05 * wall + 0.01)

@@ -160,6 +160,30 @@ def test_the_share_clock_gives_background_pages_their_share_beside_interactive_o
     assert clock.pages == 0
 
 
+def test_a_thread_pre_empting_the_background_pages_takes_a_core_from_them(monkeypatch):
+    """With ``background_share``, each thread :meth:`ShareClock.pre_empting` them takes a core of
+    the clock's ``cores`` from the background pages while it runs (none of the interactive
+    pages'); without it, the clock goes on as before."""
+    now = [100.0]
+    monkeypatch.setattr("ocrserve.servicetime.time.monotonic", lambda: now[0])
+    clock = ShareClock(background_share=0.1, cores=2)
+    documents = [clock.enter(interactive=False) for _ in range(2)]
+    with clock.pre_empting():
+        now[0] += 4.0  # a core of two left to the two pages: 1 s each
+        with clock.pre_empting():
+            now[0] += 3.0  # none left
+        single = clock.enter(interactive=True)
+        now[0] += 10.0  # 9 s to the single page; half of 1 s to the pages
+        assert clock.leave(single, interactive=True) == pytest.approx(9.0)
+    now[0] += 2.0  # no thread beside them: 1 s each
+    assert [clock.leave(reading, interactive=False) for reading in documents] == pytest.approx([2.25, 2.25])
+    equal = ShareClock(cores=2)
+    alone = equal.enter(interactive=False)
+    with equal.pre_empting():
+        now[0] += 3.0
+    assert equal.leave(alone, interactive=False) == pytest.approx(3.0)
+
+
 def test_the_busy_window_is_the_share_of_recent_time_a_page_of_a_kind_was_in(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("ocrserve.router.time.monotonic", lambda: now[0])

@@ -143,7 +143,10 @@ class PagePipeline:
     async def line_units(self, images: list[np.ndarray | None], engine_class: EngineClass) -> list[float | None]:
         """:meth:`~ocrserve.preprocess.Preprocessor.line_units` of ``images`` (pages, or a
         request's previews), the router's share clock told that the count takes a core from the
-        engine's background pages meanwhile (:meth:`~ocrserve.servicetime.ShareClock.pre_empting`)."""
+        engine's background pages meanwhile (:meth:`~ocrserve.servicetime.ShareClock.pre_empting`).
+        A count waiting for one of the preprocessor's counting threads counts as running: there is
+        a thread per core unless ``preprocess.workers`` says otherwise, and with more counts than
+        cores none is left to those pages either way."""
         with self.router.clock.pre_empting():
             return await self.preprocessor.line_units(images, engine_class)
 

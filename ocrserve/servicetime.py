@@ -149,7 +149,7 @@ class ShareClock:
 
     def __init__(self, background_share: float | None = None, cores: int | None = None):
         self.background_share = background_share
-        self.cores = cores or len(os.sched_getaffinity(0))
+        self.cores = cores or os.cpu_count() or 1  # as the preprocessor sizes its counting threads
         self._readings = [0.0, 0.0]  # interactive pages', background pages'
         self._pages = [0, 0]
         self._pre_empting = 0

@@ -168,10 +168,9 @@ class ShareClock:
         if self.background_share is not None and interactive and background:
             self._readings[0] += elapsed * (1 - self.background_share) / interactive
             self._readings[1] += elapsed * self.background_share * self._kept() / background
-        elif self.background_share is not None and background:
-            self._readings = [reading + elapsed * self._kept() / background for reading in self._readings]
-        else:
-            self._readings = [reading + elapsed / max(1, interactive + background) for reading in self._readings]
+        else:  # one class, or equal shares; background pages alone keep what pre-empting threads leave
+            kept = self._kept() if self.background_share is not None and background else 1.0
+            self._readings = [reading + elapsed * kept / max(1, interactive + background) for reading in self._readings]
         return Readings(*self._readings)
 
     def _kept(self) -> float:

@@ -37,6 +37,7 @@ from ocrserve.engines.stage_scheduler import BackgroundPriority, ClassGate, Gate
 from ocrserve.extras import MissingExtra, require
 from ocrserve.layout import arrange, edge_lengths
 from ocrserve.pages import Line, Page, PageResult
+from ocrserve.priority import opencv_on_calling_threads
 from ocrserve.work import Deadline, is_urgent
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ class OnnxEngine(Engine):
         page through each (straight, not through the batcher, which would hold it for
         ``max_wait_ms``). Where ``background_threads`` equals ``intra_op_num_threads`` (as in
         ``ocrserve batch``'s actors) the two sets would be alike: one is built, and serves both."""
+        opencv_on_calling_threads()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._det_pool, self._load_and_warm)
         self._batcher = RecBatcher(

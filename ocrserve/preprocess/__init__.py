@@ -39,7 +39,7 @@ from ocrserve.preprocess.geometry import smart_resize, visual_tokens
 from ocrserve.preprocess.integrity import check_image_data, check_tiff_directory, ends_early
 from ocrserve.preprocess.pool import DecodePool
 from ocrserve.preprocess.textlayer import read_text_layer
-from ocrserve.priority import BackgroundPriority
+from ocrserve.priority import BackgroundPriority, opencv_on_calling_threads
 from ocrserve.work import is_urgent
 
 # We check pixel counts ourselves (max_page_pixels) and answer 413; Pillow's own bomb guard
@@ -645,6 +645,7 @@ class Preprocessor:
         self._counting = ThreadPoolExecutor(self._pool.size, "ocrserve-lines")
         counting = BackgroundPriority("nice", cfg.background_nice)  # see line_units
         self._counting_background = ThreadPoolExecutor(workers, "ocrserve-lines-bg", initializer=counting.apply)
+        opencv_on_calling_threads()  # the background count's OpenCV work at its thread's priority
 
     def _pool_for(self, priority: int) -> DecodePool:
         return self._pool if is_urgent(priority) else self._background

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -45,14 +46,13 @@ print(json.dumps({"cores": os.cpu_count(), "policies": used}))
 """
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_opencv_work_of_a_sched_idle_thread_runs_at_sched_idle():
     """With :func:`~ocrserve.priority.opencv_on_calling_threads`, a SCHED_IDLE thread's OpenCV calls
     run on it alone; without it, OpenCV's own pool (threads of the normal policy, started from the
     main thread) does part of their work, where there are cores for a pool."""
-    import os
 
-    def policies(mode: str) -> tuple[int, list[int]]:
+    def policies(mode: str) -> tuple[int, list[int]]:  # cores, and the policies the script lists
         out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
         found = json.loads(out.stdout)
         return found["cores"], found["policies"]

@@ -151,7 +151,7 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
         "completed_in_time": len(in_time),
         "completed_at_s": [round(s, 2) for s in in_time],
         "refused": len(refused),
-        "refused_with_retry_after": sum(bool(o.retry_after) for o in refused),
+        "refused_with_retry_after": with_retry_after(refused),
         "refused_all_retry_after": all(o.retry_after for o in refused) if refused else None,
         "refused_slowest_s": slowest(refused),
         "late": sum(late.values()),
@@ -327,6 +327,11 @@ def refusals(outcomes: list[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if o.status in REFUSED]
 
 
+def with_retry_after(outcomes: list[Outcome]) -> int:
+    """How many of ``outcomes`` carried ``Retry-After``."""
+    return sum(bool(o.retry_after) for o in outcomes)
+
+
 def slowest(outcomes: list[Outcome]) -> float | None:
     """Seconds the slowest of ``outcomes`` took to come, or None for none."""
     return round(max(o.seconds for o in outcomes), 3) if outcomes else None
@@ -384,10 +389,12 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "small_answered": len(answered),
         "small_refused": len(small_refused),
         "small_refused_slowest_s": slowest(small_refused),
+        "small_refused_with_retry_after": with_retry_after(small_refused),
         "small_late": late(loaded),
         "flood_requests": len(flood),
         "flood_refused": len(flood_refused),
         "flood_refused_slowest_s": slowest(flood_refused),
+        "flood_refused_with_retry_after": with_retry_after(flood_refused),
         "flood_accepted": len(flood) - len(flood_refused),
         "flood_late": late(flood),
         "flood_late_504": sum(o.status == 504 for o in flood),
@@ -408,12 +415,14 @@ def print_mixed(case: dict, mix: PageMix) -> None:
     print(
         f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}; under load {under}; "
         f"{case['small_requests']} sent, {case['small_answered']} answered 200, {case['small_refused']} refused"
-        f"{within(case['small_refused_slowest_s'])}, late {case['small_late']}"
+        f"{within(case['small_refused_slowest_s'])} ({case['small_refused_with_retry_after']} with Retry-After), "
+        f"late {case['small_late']}"
     )
     accepted = max(case["flood_accepted"], 1)
     print(
         f"  flood requests: {case['flood_requests']}, refused {case['flood_refused']}"
-        f"{within(case['flood_refused_slowest_s'])}, accepted "
+        f"{within(case['flood_refused_slowest_s'])} ({case['flood_refused_with_retry_after']} with Retry-After), "
+        "accepted "
         f"{case['flood_accepted']}, late {case['flood_late']} ({case['flood_late'] / accepted:.1%} of accepted; "
         f"504: {case['flood_late_504']})"
     )

@@ -154,6 +154,7 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
         "refused_with_retry_after": with_retry_after(refused),
         "refused_all_retry_after": all(o.retry_after for o in refused) if refused else None,
         "refused_slowest_s": slowest(refused),
+        "refused_median_s": median_s(refused),
         "late": sum(late.values()),
         **late,
         "other_4xx": sum(400 <= o.status < 500 and o.status not in REFUSED for o in outcomes),
@@ -259,7 +260,7 @@ def print_documents(case: dict, mix: PageMix) -> None:
     print("  completed in time at (s): " + ", ".join(f"{s:.1f}" for s in case["completed_at_s"]))
     if case["refused"]:
         print(
-            f"  refused (503/429): {case['refused']}{within(case['refused_slowest_s'])}, "
+            f"  refused (503/429): {case['refused']}{within(case)}, "
             f"all with Retry-After: {case['refused_all_retry_after']}"
         )
     if case["other_4xx"] or case["no_answer"]:
@@ -337,9 +338,16 @@ def slowest(outcomes: list[Outcome]) -> float | None:
     return round(max(o.seconds for o in outcomes), 3) if outcomes else None
 
 
-def within(seconds: float | None) -> str:
-    """`` (the slowest in N s)`` for refusals that came, else nothing."""
-    return "" if seconds is None else f" (the slowest in {seconds:.2f} s)"
+def median_s(outcomes: list[Outcome]) -> float | None:
+    """Seconds the median of ``outcomes`` took to come, or None for none."""
+    return round(statistics.median(o.seconds for o in outcomes), 3) if outcomes else None
+
+
+def within(case: dict, prefix: str = "") -> str:
+    """`` (median M s, the slowest in N s)`` for the refusals that came of ``case``'s (its figures
+    named ``{prefix}refused_...``), else nothing."""
+    slowest_s, median = case[f"{prefix}refused_slowest_s"], case[f"{prefix}refused_median_s"]
+    return "" if slowest_s is None else f" (median {median:.2f} s, the slowest in {slowest_s:.2f} s)"
 
 
 def late(outcomes: list[Outcome]) -> int:
@@ -389,11 +397,13 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "small_answered": len(answered),
         "small_refused": len(small_refused),
         "small_refused_slowest_s": slowest(small_refused),
+        "small_refused_median_s": median_s(small_refused),
         "small_refused_with_retry_after": with_retry_after(small_refused),
         "small_late": late(loaded),
         "flood_requests": len(flood),
         "flood_refused": len(flood_refused),
         "flood_refused_slowest_s": slowest(flood_refused),
+        "flood_refused_median_s": median_s(flood_refused),
         "flood_refused_with_retry_after": with_retry_after(flood_refused),
         "flood_accepted": len(flood) - len(flood_refused),
         "flood_late": late(flood),
@@ -415,13 +425,13 @@ def print_mixed(case: dict, mix: PageMix) -> None:
     print(
         f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}; under load {under}; "
         f"{case['small_requests']} sent, {case['small_answered']} answered 200, {case['small_refused']} refused"
-        f"{within(case['small_refused_slowest_s'])} ({case['small_refused_with_retry_after']} with Retry-After), "
+        f"{within(case, 'small_')} ({case['small_refused_with_retry_after']} with Retry-After), "
         f"late {case['small_late']}"
     )
     accepted = max(case["flood_accepted"], 1)
     print(
         f"  flood requests: {case['flood_requests']}, refused {case['flood_refused']}"
-        f"{within(case['flood_refused_slowest_s'])} ({case['flood_refused_with_retry_after']} with Retry-After), "
+        f"{within(case, 'flood_')} ({case['flood_refused_with_retry_after']} with Retry-After), "
         "accepted "
         f"{case['flood_accepted']}, late {case['flood_late']} ({case['flood_late'] / accepted:.1%} of accepted; "
         f"504: {case['flood_late_504']})"

@@ -29,6 +29,7 @@ def test_a_burst_is_counted_by_what_each_client_got():
     assert (figures["late"], figures["late_504"], figures["late_after_timeout"], figures["late_5xx"]) == (3, 1, 1, 1)
     assert figures["refused"] == 2 and figures["refused_with_retry_after"] == 1
     assert figures["refused_all_retry_after"] is False and figures["refused_slowest_s"] == 0.4
+    assert figures["refused_median_s"] == pytest.approx(0.3)
     assert (figures["other_4xx"], figures["no_answer"]) == (1, 1)
     assert figures["pages_done"] == 2 and figures["engine_alone_pages"] == 30.5
     assert figures["pages_done_pct"] == pytest.approx(6.6)

@@ -431,8 +431,7 @@ def print_mixed(case: dict, mix: PageMix) -> None:
     accepted = max(case["flood_accepted"], 1)
     print(
         f"  flood requests: {case['flood_requests']}, refused {case['flood_refused']}"
-        f"{within(case, 'flood_')} ({case['flood_refused_with_retry_after']} with Retry-After), "
-        "accepted "
+        f"{within(case, 'flood_')} ({case['flood_refused_with_retry_after']} with Retry-After), accepted "
         f"{case['flood_accepted']}, late {case['flood_late']} ({case['flood_late'] / accepted:.1%} of accepted; "
         f"504: {case['flood_late_504']})"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -49,3 +50,22 @@ def test_the_wait_ahead_is_the_turn_held_and_one_median_turn_per_document_waitin
     # what is left of the median turn held (0.05 s less the 0.01 s it has run), then two medians
     assert busy == pytest.approx(TURN_S * 0.8 + 2 * TURN_S, abs=0.02)
     assert one_left == pytest.approx(TURN_S * 0.8 + TURN_S, abs=0.02)
+
+
+def test_a_turn_cut_short_by_its_request_is_not_timed():
+    async def scenario() -> float:
+        turn, order = PreviewTurn(), []
+        for n in range(ENOUGH_TURNS):
+            await _take(turn, TURN_S, order, n)
+        for n in range(ENOUGH_TURNS):  # cut at their limit a moment into the turn
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_take(turn, 10 * TURN_S, order, 10 + n), TURN_S / 50)
+        waiting = asyncio.create_task(_take(turn, TURN_S, order, 20))
+        held = asyncio.create_task(_take(turn, TURN_S, order, 21))
+        await asyncio.sleep(0)
+        ahead = turn.ahead_s()
+        await asyncio.gather(waiting, held)
+        return ahead
+
+    # the median is still the whole turns' (0.05 s), not the cut ones' (0.001 s)
+    assert asyncio.run(scenario()) == pytest.approx(2 * TURN_S, abs=0.02)

@@ -88,9 +88,10 @@ def test_small_request_fast_lane_large_bulk(http):
 
 
 def test_full_lane_503_with_computed_retry_after_then_recovers(gw, http):
+    tif = (DATA / "phototest.tif").read_bytes()
+    assert http.post("/v1/ocr", files={"file": ("a", tif)}).status_code == 200  # the lane has drained a page
     busy = background_post(gw.url, six_page_tiff())  # occupies the only slot for a while
     wait_metric(http, "ocrserve_engine_slots_in_use", 1)
-    tif = (DATA / "phototest.tif").read_bytes()
     fillers = [background_post(gw.url, tif, priority="interactive") for _ in range(2)]
     wait_metric(http, "ocrserve_queued_pages", 2, lane="fast")
     refused = http.post("/v1/ocr", files={"file": ("a", tif)})

@@ -25,6 +25,12 @@ BLANK_PAGES = Counter(
 PREPROCESS_SECONDS = Histogram(
     "ocrserve_preprocess_seconds", "Seconds to decode and normalize one page.", buckets=LATENCY_BUCKETS
 )
+LINE_COUNTS = Counter(
+    "ocrserve_line_counts",
+    "Requests priced on their line units before admission, by how they were had: counted on previews, or kept "
+    "from the same client's refused post of the same document (its retry).",
+    ["how"],
+)
 ENGINE_SECONDS = Histogram("ocrserve_engine_seconds", "Seconds one page spends in the engine.", buckets=LATENCY_BUCKETS)
 ENGINE_READY = Gauge("ocrserve_engine_ready", "1 once the engine is loaded and warmed up.")
 

@@ -23,6 +23,11 @@ yields the cores to interactive pages, and beside a stream of them a flood's doc
 to 33 s to be refused. One that the turns ahead of it would keep past that limit
 (:class:`~ocrserve.preview_turn.PreviewTurn`) is refused on arrival: at the limit alone, every
 refusal of a flood of 5-page receipts beside a single page every 0.5 s came after 10.3 s.
+
+A document refused at admission keeps the line units counted for it (:data:`COUNTS_KEPT`
+documents, by client, content and pages), and its client's retry is priced on them at once,
+without previews. Previewed again, the retries of eleven refused clients, every few seconds,
+took the cores from the engine's pages beside a CPU hog.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
+from cachetools import LRUCache
+
 from ocrserve import metrics
 from ocrserve.alarm import within
 from ocrserve.config import Config
@@ -53,6 +60,9 @@ from ocrserve.servicetime import Work
 from ocrserve.store.cache import DedupCache
 from ocrserve.work import Deadline, EngineClass, WorkItem
 
+#: Refused documents whose counted line units are kept for their clients' retries (module
+#: docstring); each holds a float or None for each page of its document.
+COUNTS_KEPT = 1024
 #: Uploads above this many bytes are kept in a temporary file rather than in memory: a synchronous
 #: one reaches the decoding processes as a path, not as bytes pickled once per chunk of pages, and a
 #: raw body is spooled to disk as it arrives (``ocrserve.api.uploads``).
@@ -102,6 +112,8 @@ class OcrService:
         self.cache = cache
         # one document's previews at a time per lane, in the order they came (module docstring)
         self._turns: defaultdict[str, PreviewTurn] = defaultdict(PreviewTurn)
+        # line units counted for refused documents, by (client, content, pages), for their retries
+        self._counted: LRUCache[tuple[str, str, str | None], list[float | None]] = LRUCache(COUNTS_KEPT)
 
     async def ocr(
         self, document: bytes | BinaryIO, *, pages: str | None = None, work: WorkItem = WorkItem()
@@ -137,11 +149,18 @@ class OcrService:
             tokens = info.visual_tokens(indices, self.config.preprocess)
             sizes = info.normalized_sizes(indices, self.config.preprocess)
             textless = self.router.request_work(sizes, len(indices), [0.0] * len(sizes))
-            async with self.router.held(terms, len(indices), textless) as arrival:
-                units = await self._line_units(source, info, indices, terms, textless, arrival)
+            counted_key, arrival = (terms.client, sha256, pages), None
+            if (units := self._counted.get(counted_key)) is None:
+                async with self.router.held(terms, len(indices), textless) as arrival:
+                    units = await self._line_units(source, info, indices, terms, textless, arrival)
+                self._counted[counted_key] = units
+                metrics.LINE_COUNTS.labels("counted").inc()
+            else:
+                metrics.LINE_COUNTS.labels("kept").inc()
             demand = self.router.request_work(sizes, len(indices), units)
             previewed = dict(zip(indices, units, strict=False))
             async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:
+                self._counted.pop(counted_key, None)  # admitted: kept only for a refused one's retry
                 attempts = await self._run_pages(source, info, indices, reservation, terms, previewed)
         for attempt in attempts:
             self.pipeline.count_final(attempt)

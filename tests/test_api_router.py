@@ -164,20 +164,54 @@ def test_client_disconnect_drops_queued_pages(gw, http):
     assert dropped >= 1 and ran + dropped <= 6 and ran < 6
 
 
-def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_retry_after():
+@pytest.fixture(scope="module")
+def refusing():
+    """A gateway that refuses a document not previewed at once, and a single page sent without its
+    own timeout (the fast lane's latency target is a millisecond)."""
+    gateway = Gateway(
+        "router.admission_timeout_s=0.001", "router.fast.latency_target_s=0.001", "router.fair_by=header"
+    ).wait_ready()
+    yield gateway
+    gateway.stop()
+
+
+def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_retry_after(refusing):
     """A document's first pages are previewed and their line units counted one document at a time
     per lane; one whose turn and count have not ended within ``router.admission_timeout_s`` of its
     arrival is refused 503 ``admission-timeout`` with ``Retry-After``, not left waiting, and the
     refusal is counted. A single page is not held to it."""
-    gateway = Gateway("router.admission_timeout_s=0.001").wait_ready()
-    try:
-        with httpx.Client(base_url=gateway.url, timeout=60) as client:
-            page = client.post("/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())})
-            assert page.status_code == 200, page.text
-            document = (DATA / "testTIFF_multipage.tif").read_bytes()
-            refused = client.post("/v1/ocr", files={"file": ("a", document)})
-            body = assert_problem(refused, 503, r"could not preview the request within router\.admission_timeout_s")
-            assert body["type"].endswith("/admission-timeout") and refused.headers["retry-after"] == "1"
-            assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1
-    finally:
-        gateway.stop()
+    with httpx.Client(base_url=refusing.url, timeout=60) as client:
+        page = client.post(
+            "/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "60"}
+        )
+        assert page.status_code == 200, page.text
+        document = (DATA / "testTIFF_multipage.tif").read_bytes()
+        refused = client.post("/v1/ocr", files={"file": ("a", document)})
+        body = assert_problem(refused, 503, r"could not preview the request within router\.admission_timeout_s")
+        assert body["type"].endswith("/admission-timeout") and refused.headers["retry-after"] == "1"
+        assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1
+
+
+def test_a_refused_clients_retry_is_priced_on_the_line_units_counted_for_it(refusing):
+    """A request refused at admission keeps the line units counted on its previews; the same
+    client's retry of the same document is priced on them without previews, another client's or
+    another document's is counted, and once admitted the document's units are not kept."""
+    page = (DATA / "phototest.tif").read_bytes()
+    with httpx.Client(base_url=refusing.url, timeout=60) as client:
+
+        def counts() -> tuple[float, float]:
+            return tuple(metric(client, "ocrserve_line_counts_total", how=how) for how in ("counted", "kept"))
+
+        def post(data: bytes, client_id: str, **form) -> httpx.Response:
+            return client.post("/v1/ocr", files={"file": ("p", data)}, data=form, headers={"X-Client-Id": client_id})
+
+        before = counts()
+        for _ in range(2):  # refused by the latency target, after its line units were counted
+            assert_problem(post(page, "a"), 503, r"above its latency target")
+        assert_problem(post(page, "b"), 503, r"above its latency target")
+        assert_problem(post(samples.encode(samples.phototest().rotate(180), "PNG"), "a"), 503, r"latency target")
+        after = counts()
+        assert (after[0] - before[0], after[1] - before[1]) == (3, 1)  # a's retry alone was kept
+        assert post(page, "a", timeout="60").status_code == 200  # its own timeout: admitted
+        assert post(page, "a", timeout="60").status_code == 200
+        assert counts()[1] - after[1] == 1 and counts()[0] - after[0] == 1  # admitted: counted again after

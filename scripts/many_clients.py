@@ -10,10 +10,15 @@ the timeout, or any other 5xx); and the pages completed in time in the window (f
 the last answer) against what the engine alone does in as long (one client posting the same
 document back to back for min(timeout, 30) s), and against the whole documents the engine alone
 would finish within the timeout taking the burst's one after another (a document that takes it
-28 s, one of them in 45 s, where the first figure counts 1.6).
+28 s, one of them in 45 s, where the first figure counts 1.6). With ``--retry`` each client keeps
+its timeout as a budget from the burst: a refused one waits its ``Retry-After`` and posts again
+with what is left of the budget, while the wait leaves it at least :data:`LEAST_RETRY_S`, as a
+well-behaved client with a deadline does; a client counts as refused where its last answer was a
+refusal, and the refusals' times are every refused post's.
 
 ``matrix``: ``documents`` for each mix of ``--mixes``, on a quiet machine and with ``--hog-cores``
-busy, cold and warm, each case on a fresh gateway; a line as each case ends, then a markdown table.
+busy, cold and warm, each case on a fresh gateway (``--retry`` as for ``documents``); a line as
+each case ends, then a markdown table.
 
 ``mixed``: ``--clients`` clients post the document in a loop (a refused one waits its
 ``Retry-After``, as a well-behaved client does; ``--priority bulk`` marks them bulk) while one more
@@ -40,6 +45,7 @@ Usage::
     python scripts/many_clients.py documents --file ../shared/corpus/ocrmypdf/cardinal.pdf --clients 20 --timeout 60
     python scripts/many_clients.py matrix --clients 20 --pages 10 --timeout 60 --json matrix.jsonl
     python scripts/many_clients.py matrix --mixes receipts,cjk --hog-cores 2 --split dev --seed 0
+    python scripts/many_clients.py matrix --clients 12 --pages 2 --timeout 45 --retry --json matrix.jsonl
     python scripts/many_clients.py mixed --clients 12 --pages 4 --seconds 120
     python scripts/many_clients.py mixed --mix scans --priority bulk --hog 1 --seconds 90
 """
@@ -56,7 +62,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,17 +80,22 @@ from ocrserve.evaluation import locate_corpus
 REFUSED = (429, 503)
 #: Longest the engine-alone rate is measured, seconds (shorter where the timeout is).
 ALONE_S = 30.0
+#: Least of its budget a retrying client posts again with, seconds (``--retry``): below it no page
+#: of these mixes finishes, and the post only adds load.
+LEAST_RETRY_S = 3.0
 #: The mixes of a matrix by default.
 MATRIX_MIXES = "dense,receipts,cjk,scans,rotated"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request's answer: its HTTP status (0: no answer at all), seconds, ``Retry-After``."""
+    """One request's answer: its HTTP status (0: no answer at all), seconds, ``Retry-After``, and
+    how many posts it took (a retrying client's, :func:`retrying`)."""
 
     status: int
     seconds: float
     retry_after: str | None = None
+    posts: int = 1
 
 
 def post(url: str, mix: PageMix, client: str, timeout: float | None = None, priority: str | None = None) -> Outcome:
@@ -104,6 +115,24 @@ def post(url: str, mix: PageMix, client: str, timeout: float | None = None, prio
     return Outcome(response.status_code, time.monotonic() - started, response.headers.get("retry-after"))
 
 
+def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, list[Outcome]]:
+    """A client with ``budget`` seconds in all: ``send(timeout)`` posts once with ``timeout`` s; a
+    refusal's ``Retry-After`` is waited and the post sent again with what is left of the budget,
+    while that leaves at least :data:`LEAST_RETRY_S`. Returns the last answer (its seconds counted
+    from the first post) and every refused answer on the way (their own seconds)."""
+    started, refused = time.monotonic(), []
+    while True:
+        outcome = send(budget - (time.monotonic() - started))
+        if outcome.status not in REFUSED:
+            break
+        refused.append(outcome)
+        wait = float(outcome.retry_after or "inf")
+        if budget - (time.monotonic() - started) - wait < LEAST_RETRY_S:
+            break
+        time.sleep(wait)
+    return Outcome(outcome.status, time.monotonic() - started, outcome.retry_after, len(refused) + 1), refused
+
+
 def alone_rate(url: str, mix: PageMix, seconds: float) -> tuple[float, dict[int, int]]:
     """Pages per second one client gets posting the document back to back for ``seconds`` (at
     least once), each with the longest timeout a request may ask for (the lane's default would cut
@@ -117,27 +146,50 @@ def alone_rate(url: str, mix: PageMix, seconds: float) -> tuple[float, dict[int,
             return done / (time.monotonic() - started), dict(statuses)
 
 
-def burst(url: str, mix: PageMix, clients: int, timeout: float) -> tuple[list[Outcome], float]:
-    """``clients`` clients post the document at once; their outcomes and the seconds until the last
-    answer."""
+def burst(
+    url: str, mix: PageMix, clients: int, timeout: float, retry: bool = False
+) -> tuple[list[Outcome], list[Outcome], float]:
+    """``clients`` clients post the document at once (with ``retry``, each as :func:`retrying` with
+    ``timeout`` as its budget); their last answers, every refused answer, and the seconds until
+    the last answer."""
     outcomes: list[Outcome] = []
-    threads = [
-        threading.Thread(target=lambda i=i: outcomes.append(post(url, mix, f"c{i}", timeout)), daemon=True)
-        for i in range(clients)
-    ]
+    refused: list[Outcome] = []
+
+    def client(name: str) -> None:
+        if retry:
+            outcome, refusals_on_the_way = retrying(lambda left: post(url, mix, name, left), timeout)
+            refused.extend(refusals_on_the_way)
+        else:
+            outcome = post(url, mix, name, timeout)
+            refused.extend(refusals([outcome]))
+        outcomes.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(f"c{i}",), daemon=True) for i in range(clients)]
     started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return outcomes, time.monotonic() - started
+    return outcomes, refused, time.monotonic() - started
 
 
-def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float, rate: float) -> dict:
-    """The figures of a burst (see the module's docstring); ``rate`` is the engine alone's pages/s.
-    ``accepted`` counts answers neither refused (503, 429) nor another 4xx, nor missing."""
+def tally(
+    outcomes: list[Outcome],
+    *,
+    timeout: float,
+    pages: int,
+    window: float,
+    rate: float,
+    answers_refused: list[Outcome] | None = None,
+) -> dict:
+    """The figures of a burst (see the module's docstring); ``rate`` is the engine alone's pages/s;
+    ``answers_refused``: every refused answer where clients retried (else the last answers'
+    refusals). ``accepted`` counts last answers neither refused (503, 429) nor another 4xx, nor
+    missing."""
     in_time = sorted(o.seconds for o in outcomes if o.status == 200 and o.seconds <= timeout)
+    first_post = [o for o in outcomes if o.posts == 1 and o.status not in REFUSED]
     refused = refusals(outcomes)
+    answers_refused = refused if answers_refused is None else answers_refused
     late = {
         "late_504": sum(o.status == 504 for o in outcomes),
         "late_after_timeout": sum(o.status == 200 and o.seconds > timeout for o in outcomes),
@@ -150,11 +202,14 @@ def tally(outcomes: list[Outcome], *, timeout: float, pages: int, window: float,
         "accepted": len(in_time) + sum(late.values()),
         "completed_in_time": len(in_time),
         "completed_at_s": [round(s, 2) for s in in_time],
+        "accepted_at_first_post": len(first_post),
+        "completed_in_time_at_first_post": sum(o.status == 200 and o.seconds <= timeout for o in first_post),
         "refused": len(refused),
-        "refused_with_retry_after": with_retry_after(refused),
-        "refused_all_retry_after": all(o.retry_after for o in refused) if refused else None,
-        "refused_slowest_s": slowest(refused),
-        "refused_median_s": median_s(refused),
+        "refusals": len(answers_refused),
+        "refused_with_retry_after": with_retry_after(answers_refused),
+        "refused_all_retry_after": all(o.retry_after for o in answers_refused) if answers_refused else None,
+        "refused_slowest_s": slowest(answers_refused),
+        "refused_median_s": median_s(answers_refused),
         "late": sum(late.values()),
         **late,
         "other_4xx": sum(400 <= o.status < 500 and o.status not in REFUSED for o in outcomes),
@@ -186,7 +241,15 @@ def gateway_at(url: str | None, log: str | None = None) -> Iterator[str]:
 
 
 def documents_case(
-    mix: PageMix, *, clients: int, timeout: float, start: str, hog: int, url: str | None = None, log: str | None = None
+    mix: PageMix,
+    *,
+    clients: int,
+    timeout: float,
+    start: str,
+    hog: int,
+    retry: bool = False,
+    url: str | None = None,
+    log: str | None = None,
 ) -> dict:
     """One ``documents`` case (the hog and a fresh gateway started, stopped however it ends)."""
     with contextlib.ExitStack() as stack:
@@ -196,10 +259,10 @@ def documents_case(
         if start == "warm":
             stack.enter_context(CpuHog(hog))
             rate, alone = alone_rate(url, mix, min(timeout, ALONE_S))
-        outcomes, window = burst(url, mix, clients, timeout)
+        outcomes, refused, window = burst(url, mix, clients, timeout, retry)
         if start == "cold":
             rate, alone = alone_rate(url, mix, min(timeout, ALONE_S))
-    figures = tally(outcomes, timeout=timeout, pages=len(mix.pages), window=window, rate=rate)
+    figures = tally(outcomes, timeout=timeout, pages=len(mix.pages), window=window, rate=rate, answers_refused=refused)
     figures["engine_alone_statuses"] = alone
     return {
         "scenario": "documents",
@@ -209,6 +272,7 @@ def documents_case(
         "clients": clients,
         "pages": len(mix.pages),
         "timeout": timeout,
+        "retry": retry,
         **figures,
     }
 
@@ -218,11 +282,13 @@ def machine(hog: int) -> str:
 
 
 def refused_cell(case: dict) -> str:
-    """``13 (all)``, ``13 (11 with)`` or ``0``: refusals and how many carried ``Retry-After``."""
-    if not case["refused"]:
+    """``13 (all)``, ``13 (11 with)`` or ``0``: refusals and how many carried ``Retry-After``; where
+    clients retried, ``4 of 21 (all)``: clients refused to the end, of all refused answers."""
+    if not case["refusals"]:
         return "0"
     carried = "all" if case["refused_all_retry_after"] else f"{case['refused_with_retry_after']} with"
-    return f"{case['refused']} ({carried})"
+    of = f"{case['refused']} of " if case["retry"] else ""
+    return f"{of}{case['refusals']} ({carried})"
 
 
 def pages_cell(case: dict) -> str:
@@ -246,8 +312,9 @@ def alone_cell(case: dict) -> str:
 
 
 def print_documents(case: dict, mix: PageMix) -> None:
+    retry = ", refused ones retrying" if case["retry"] else ""
     print(
-        f"{case['clients']} clients x {case['pages']}-page document, timeout {case['timeout']:g} s, start "
+        f"{case['clients']} clients x {case['pages']}-page document, timeout {case['timeout']:g} s{retry}, start "
         f"{case['start']}, machine {machine(case['hog'])}; the engine alone: {case['engine_alone_pages_per_s']:.2f} "
         f"pages/s (measured {'after' if case['start'] == 'cold' else 'before'} the burst: {alone_cell(case)})"
     )
@@ -258,9 +325,14 @@ def print_documents(case: dict, mix: PageMix) -> None:
         f"{case['late_5xx']})"
     )
     print("  completed in time at (s): " + ", ".join(f"{s:.1f}" for s in case["completed_at_s"]))
-    if case["refused"]:
+    if case["retry"]:
         print(
-            f"  refused (503/429): {case['refused']}{within(case)}, "
+            f"  at their first post: accepted {case['accepted_at_first_post']}, completed in time "
+            f"{case['completed_in_time_at_first_post']}"
+        )
+    if case["refusals"]:
+        print(
+            f"  refused (503/429): {refused_cell(case)}{within(case)}, "
             f"all with Retry-After: {case['refused_all_retry_after']}"
         )
     if case["other_4xx"] or case["no_answer"]:
@@ -290,18 +362,26 @@ def matrix(args: argparse.Namespace, mixes: list[PageMix]) -> None:
         print(f"  {mix.summary()}")
     rows, began = [], time.monotonic()
     for i, (mix, hog, start) in enumerate(cases, 1):
-        case = documents_case(mix, clients=args.clients, timeout=args.timeout, start=start, hog=hog, log=args.log)
+        case = documents_case(
+            mix, clients=args.clients, timeout=args.timeout, start=start, hog=hog, retry=args.retry, log=args.log
+        )
         record(args.json, case, mix, args)
         rows.append(case)
         print(
             f"[{i}/{len(cases)} at {time.monotonic() - began:.0f} s] {mix.name} | {machine(hog)} | {start}: "
-            f"accepted {case['accepted']}, in time {case['completed_in_time']}, refused {refused_cell(case)}, "
+            f"accepted {case['accepted']}{first_post(case)}, in time {case['completed_in_time']}, refused "
+            f"{refused_cell(case)}, "
             f"late {case['late']}, pages {pages_cell(case)}, in time {in_time_cell(case)}; engine alone: "
             f"{alone_cell(case)}",
             flush=True,
         )
     print()
     print(table(rows))
+
+
+def first_post(case: dict) -> str:
+    """`` (3 at the first post)`` where clients retried, else nothing."""
+    return f" ({case['accepted_at_first_post']} at the first post)" if case["retry"] else ""
 
 
 def table(rows: list[dict]) -> str:
@@ -313,7 +393,8 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['mix']} | {machine(r['hog'])} | {r['start']} | {r['accepted']} | {r['completed_in_time']} | "
+            f"| {r['mix']} | {machine(r['hog'])} | {r['start']} | {r['accepted']}{first_post(r)} | "
+            f"{r['completed_in_time']} | "
             f"{refused_cell(r)} | {r['late']} | {pages_cell(r)} | {in_time_cell(r)} |"
         )
     return "\n".join(lines)
@@ -464,6 +545,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="warm",
         help="documents: cold (a fresh gateway whose first request is the burst) or warm (default); matrix runs both",
     )
+    parser.add_argument(
+        "--retry",
+        action="store_true",
+        help="documents, matrix: a refused client waits its Retry-After and posts again within its timeout",
+    )
     parser.add_argument("--priority", choices=["bulk", "interactive"], help="mixed: the flood's priority form field")
     parser.add_argument("--json", help="append one JSON object per case to this file")
     parser.add_argument("--log", help="append the output of the gateways started here to this file")
@@ -502,7 +588,14 @@ def main(argv: list[str] | None = None) -> None:
     (mix,) = load(args, [args.mix])
     if args.scenario == "documents":
         case = documents_case(
-            mix, clients=args.clients, timeout=args.timeout, start=args.start, hog=args.hog, url=args.url, log=args.log
+            mix,
+            clients=args.clients,
+            timeout=args.timeout,
+            start=args.start,
+            hog=args.hog,
+            retry=args.retry,
+            url=args.url,
+            log=args.log,
         )
         print_documents(case, mix)
     else:

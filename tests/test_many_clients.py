@@ -37,12 +37,46 @@ def test_a_burst_is_counted_by_what_each_client_got():
     assert figures["engine_alone_in_time_pages"] == 16 and figures["in_time_pct"] == pytest.approx(12.5)
 
 
+def test_a_retrying_client_waits_its_retry_after_and_posts_again_with_what_is_left():
+    answers = [Outcome(503, 0.1, "1"), Outcome(429, 0.1, "1"), Outcome(200, 0.2)]
+    timeouts: list[float] = []
+
+    def send(timeout: float) -> Outcome:
+        timeouts.append(timeout)
+        return answers.pop(0)
+
+    last, refused = many_clients.retrying(send, budget=10.0)
+    assert last.status == 200 and 2.0 <= last.seconds < 3.0 and last.posts == 3  # two 1-s waits
+    assert [o.status for o in refused] == [503, 429]
+    assert timeouts[0] == pytest.approx(10.0, abs=0.05) and timeouts[2] == pytest.approx(8.0, abs=0.3)
+
+
+def test_a_retrying_client_gives_up_where_the_wait_leaves_too_little():
+    answers = [Outcome(503, 0.1, "7"), Outcome(503, 0.1, None)]
+    last, refused = many_clients.retrying(lambda timeout: answers.pop(0), budget=10.0)
+    assert last.status == 503 and last.seconds < 0.5 and len(refused) == 1  # 7 s would leave under 3
+    last, refused = many_clients.retrying(lambda timeout: answers.pop(0), budget=10.0)
+    assert last.status == 503 and len(refused) == 1  # no Retry-After: no retry
+
+
 def test_the_matrix_table_has_a_row_per_case():
     case = many_clients.tally([Outcome(200, 5.0), Outcome(503, 0.1, "3")], timeout=40, pages=2, window=5, rate=1)
-    row = {"mix": "receipts", "hog": 1, "start": "cold", **case}
-    lines = many_clients.table([row]).splitlines()
+    row = {"mix": "receipts", "hog": 1, "start": "cold", "retry": False, **case}
+    retried = many_clients.tally(
+        [Outcome(200, 9.0), Outcome(503, 0.3, "9")],
+        timeout=40,
+        pages=2,
+        window=9,
+        rate=1,
+        answers_refused=[Outcome(503, 0.2, "4"), Outcome(503, 0.3, "9")],
+    )
+    lines = many_clients.table([row, {**row, **retried, "retry": True}]).splitlines()
     assert lines[0].startswith("| mix | machine | start | accepted |")
     assert lines[2] == "| receipts | hog 1 | cold | 1 | 1 | 1 (all) | 0 | 2 / 5 (40%) | 2 / 4 (50%) |"
+    # retrying: one client refused to the end, of two refused answers
+    assert lines[3] == (
+        "| receipts | hog 1 | cold | 1 (1 at the first post) | 1 | 1 of 2 (all) | 0 | 2 / 9 (22%) | 2 / 4 (50%) |"
+    )
 
 
 def test_the_hog_stops_however_the_block_is_left():

@@ -30,6 +30,10 @@ from tests.samples import phototest
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+#: Seconds within which a refusal "at once" comes: far under any wait for evidence here (2.4 s and
+#: more), and over what a busy 2-core machine takes to schedule the event loop (0.1 s was not).
+AT_ONCE_S = 1.0
+
 
 def blank(index: int = 0) -> Page:
     """A small white page: the detector finds nothing, so it runs in milliseconds."""
@@ -312,13 +316,13 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             with pytest.raises(Overloaded, match="would be ahead of and in it"):
                 async with router.admit(request, 1, work=page):
                     pass
-            assert time.monotonic() - started < 0.1
+            assert time.monotonic() - started < AT_ONCE_S
         else:
             # the wait runs from arrival: one that arrived (was uploaded and previewed) that long ago has none left
             with pytest.raises(Overloaded, match="would be ahead of and in it"):
                 async with router.admit(dataclasses.replace(request, arrived=started - wait_s), 1, work=page):
                     pass
-            assert time.monotonic() - started < 0.1
+            assert time.monotonic() - started < AT_ONCE_S
             admission = asyncio.create_task(router.admit(request, 1, work=page).__aenter__())
             await wait_until(lambda: router._awaiting)  # noqa: B023 (awaited here)
             # it counts ahead of a request that arrives now (both sides at one instant: a page may finish)
@@ -327,7 +331,7 @@ async def test_a_request_only_the_margin_for_the_unseen_refuses_waits_for_pages_
             waited = time.monotonic() - started
             assert reservation.pending == 1
             assert router.service.measured >= 1
-            assert 0 < waited < 2.4 + 0.3
+            assert 0 < waited < 2.4 + AT_ONCE_S  # its share of the 12 s left, and no more
             assert not router._awaiting
             reservation.release(1)
         await asyncio.gather(*queued)

@@ -14,7 +14,8 @@ would finish within the timeout taking the burst's one after another (a document
 its timeout as a budget from the burst: a refused one waits its ``Retry-After`` and posts again
 with what is left of the budget, while the wait leaves it at least :data:`LEAST_RETRY_S`, as a
 well-behaved client with a deadline does; a client counts as refused where its last answer was a
-refusal, and the refusals' times are every refused post's.
+refusal, the refusals' times are every refused post's, and what was accepted at the first post
+is reported too (the single-shot figure, from the same run).
 
 ``matrix``: ``documents`` for each mix of ``--mixes``, on a quiet machine and with ``--hog-cores``
 busy, cold and warm, each case on a fresh gateway (``--retry`` as for ``documents``); a line as

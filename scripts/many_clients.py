@@ -90,13 +90,15 @@ MATRIX_MIXES = "dense,receipts,cjk,scans,rotated"
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request's answer: its HTTP status (0: no answer at all), seconds, ``Retry-After``, and
-    how many posts it took (a retrying client's, :func:`retrying`)."""
+    """One request's answer: its HTTP status (0: no answer at all), seconds, ``Retry-After``, how
+    many posts it took (a retrying client's, :func:`retrying`), and for a problem response, the
+    last segment of its ``type`` (``admission-timeout``, ``deadline-unmeetable``, ...)."""
 
     status: int
     seconds: float
     retry_after: str | None = None
     posts: int = 1
+    problem: str | None = None
 
 
 def post(url: str, mix: PageMix, client: str, timeout: float | None = None, priority: str | None = None) -> Outcome:
@@ -113,7 +115,10 @@ def post(url: str, mix: PageMix, client: str, timeout: float | None = None, prio
         )
     except httpx.TransportError:
         return Outcome(0, time.monotonic() - started)
-    return Outcome(response.status_code, time.monotonic() - started, response.headers.get("retry-after"))
+    problem = None
+    if response.headers.get("content-type", "").startswith("application/problem+json"):
+        problem = str(response.json().get("type", "")).rsplit("/", 1)[-1] or None
+    return Outcome(response.status_code, time.monotonic() - started, response.headers.get("retry-after"), 1, problem)
 
 
 def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, list[Outcome]]:
@@ -131,7 +136,8 @@ def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, 
         if budget - (time.monotonic() - started) - wait < LEAST_RETRY_S:
             break
         time.sleep(wait)
-    return Outcome(outcome.status, time.monotonic() - started, outcome.retry_after, len(refused) + 1), refused
+    last = Outcome(outcome.status, time.monotonic() - started, outcome.retry_after, len(refused) + 1, outcome.problem)
+    return last, refused
 
 
 def alone_rate(url: str, mix: PageMix, seconds: float) -> tuple[float, dict[int, int]]:
@@ -211,6 +217,7 @@ def tally(
         "refused_all_retry_after": all(o.retry_after for o in answers_refused) if answers_refused else None,
         "refused_slowest_s": slowest(answers_refused),
         "refused_median_s": median_s(answers_refused),
+        "refused_by_problem": by_problem(answers_refused),
         "late": sum(late.values()),
         **late,
         "other_4xx": sum(400 <= o.status < 500 and o.status not in REFUSED for o in outcomes),
@@ -334,7 +341,7 @@ def print_documents(case: dict, mix: PageMix) -> None:
     if case["refusals"]:
         print(
             f"  refused (503/429): {refused_cell(case)}{within(case)}, "
-            f"all with Retry-After: {case['refused_all_retry_after']}"
+            f"all with Retry-After: {case['refused_all_retry_after']}; by type: {case['refused_by_problem']}"
         )
     if case["other_4xx"] or case["no_answer"]:
         print(f"  other 4xx: {case['other_4xx']}, no answer: {case['no_answer']}")
@@ -408,6 +415,11 @@ def p95(values: list[float]) -> float:
 def refusals(outcomes: list[Outcome]) -> list[Outcome]:
     """The outcomes that were refusals (503 or 429)."""
     return [o for o in outcomes if o.status in REFUSED]
+
+
+def by_problem(outcomes: list[Outcome]) -> dict[str, int]:
+    """How many of ``outcomes`` came of each problem type (``-``: not a problem response)."""
+    return dict(Counter(o.problem or "-" for o in outcomes).most_common())
 
 
 def with_retry_after(outcomes: list[Outcome]) -> int:
@@ -486,6 +498,7 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "flood_refused": len(flood_refused),
         "flood_refused_slowest_s": slowest(flood_refused),
         "flood_refused_median_s": median_s(flood_refused),
+        "flood_refused_by_problem": by_problem(flood_refused),
         "flood_refused_with_retry_after": with_retry_after(flood_refused),
         "flood_accepted": len(flood) - len(flood_refused),
         "flood_late": late(flood),
@@ -515,7 +528,7 @@ def print_mixed(case: dict, mix: PageMix) -> None:
         f"  flood requests: {case['flood_requests']}, refused {case['flood_refused']}"
         f"{within(case, 'flood_')} ({case['flood_refused_with_retry_after']} with Retry-After), accepted "
         f"{case['flood_accepted']}, late {case['flood_late']} ({case['flood_late'] / accepted:.1%} of accepted; "
-        f"504: {case['flood_late_504']})"
+        f"504: {case['flood_late_504']}); refusals by type: {case['flood_refused_by_problem']}"
     )
 
 

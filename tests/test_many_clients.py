@@ -18,8 +18,8 @@ def test_a_burst_is_counted_by_what_each_client_got():
         Outcome(200, 61.0),  # answered, but after the 60-s timeout: late
         Outcome(504, 60.0),
         Outcome(500, 3.0),
-        Outcome(503, 0.2, "7"),
-        Outcome(429, 0.4, None),
+        Outcome(503, 0.2, "7", problem="admission-timeout"),
+        Outcome(429, 0.4, None, problem="rate-limited"),
         Outcome(413, 0.1),
         Outcome(0, 1.0),
     ]
@@ -30,6 +30,7 @@ def test_a_burst_is_counted_by_what_each_client_got():
     assert figures["refused"] == 2 and figures["refused_with_retry_after"] == 1
     assert figures["refused_all_retry_after"] is False and figures["refused_slowest_s"] == 0.4
     assert figures["refused_median_s"] == pytest.approx(0.3)
+    assert figures["refused_by_problem"] == {"admission-timeout": 1, "rate-limited": 1}
     assert (figures["other_4xx"], figures["no_answer"]) == (1, 1)
     assert figures["pages_done"] == 2 and figures["engine_alone_pages"] == 30.5
     assert figures["pages_done_pct"] == pytest.approx(6.6)

@@ -64,7 +64,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -118,7 +118,8 @@ def post(url: str, mix: PageMix, client: str, timeout: float | None = None, prio
     problem = None
     if response.headers.get("content-type", "").startswith("application/problem+json"):
         problem = str(response.json().get("type", "")).rsplit("/", 1)[-1] or None
-    return Outcome(response.status_code, time.monotonic() - started, response.headers.get("retry-after"), 1, problem)
+    seconds, retry_after = time.monotonic() - started, response.headers.get("retry-after")
+    return Outcome(response.status_code, seconds, retry_after, problem=problem)
 
 
 def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, list[Outcome]]:
@@ -136,8 +137,7 @@ def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, 
         if budget - (time.monotonic() - started) - wait < LEAST_RETRY_S:
             break
         time.sleep(wait)
-    last = Outcome(outcome.status, time.monotonic() - started, outcome.retry_after, len(refused) + 1, outcome.problem)
-    return last, refused
+    return replace(outcome, seconds=time.monotonic() - started, posts=len(refused) + 1), refused
 
 
 def alone_rate(url: str, mix: PageMix, seconds: float) -> tuple[float, dict[int, int]]:
@@ -187,16 +187,15 @@ def tally(
     pages: int,
     window: float,
     rate: float,
-    answers_refused: list[Outcome] | None = None,
+    answers_refused: list[Outcome],
 ) -> dict:
     """The figures of a burst (see the module's docstring); ``rate`` is the engine alone's pages/s;
-    ``answers_refused``: every refused answer where clients retried (else the last answers'
-    refusals). ``accepted`` counts last answers neither refused (503, 429) nor another 4xx, nor
-    missing."""
+    ``answers_refused``: every refused answer (:func:`burst`'s; the last answers' refusals where
+    clients did not retry). ``accepted`` counts last answers neither refused (503, 429) nor
+    another 4xx, nor missing."""
     in_time = sorted(o.seconds for o in outcomes if o.status == 200 and o.seconds <= timeout)
-    first_post = [o for o in outcomes if o.posts == 1 and o.status not in REFUSED]
+    accepted_first = [o for o in outcomes if o.posts == 1 and o.status not in REFUSED]
     refused = refusals(outcomes)
-    answers_refused = refused if answers_refused is None else answers_refused
     late = {
         "late_504": sum(o.status == 504 for o in outcomes),
         "late_after_timeout": sum(o.status == 200 and o.seconds > timeout for o in outcomes),
@@ -209,8 +208,8 @@ def tally(
         "accepted": len(in_time) + sum(late.values()),
         "completed_in_time": len(in_time),
         "completed_at_s": [round(s, 2) for s in in_time],
-        "accepted_at_first_post": len(first_post),
-        "completed_in_time_at_first_post": sum(o.status == 200 and o.seconds <= timeout for o in first_post),
+        "accepted_at_first_post": len(accepted_first),
+        "completed_in_time_at_first_post": sum(o.status == 200 and o.seconds <= timeout for o in accepted_first),
         "refused": len(refused),
         "refusals": len(answers_refused),
         "refused_with_retry_after": with_retry_after(answers_refused),

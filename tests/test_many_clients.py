@@ -23,7 +23,8 @@ def test_a_burst_is_counted_by_what_each_client_got():
         Outcome(413, 0.1),
         Outcome(0, 1.0),
     ]
-    figures = many_clients.tally(outcomes, timeout=60, pages=2, window=61.0, rate=0.5)
+    refused = many_clients.refusals(outcomes)
+    figures = many_clients.tally(outcomes, timeout=60, pages=2, window=61.0, rate=0.5, answers_refused=refused)
     assert figures["accepted"] == 4
     assert figures["completed_in_time"] == 1 and figures["completed_at_s"] == [10.0]
     assert (figures["late"], figures["late_504"], figures["late_after_timeout"], figures["late_5xx"]) == (3, 1, 1, 1)
@@ -61,7 +62,8 @@ def test_a_retrying_client_gives_up_where_the_wait_leaves_too_little():
 
 
 def test_the_matrix_table_has_a_row_per_case():
-    case = many_clients.tally([Outcome(200, 5.0), Outcome(503, 0.1, "3")], timeout=40, pages=2, window=5, rate=1)
+    answers = [Outcome(200, 5.0), Outcome(503, 0.1, "3")]
+    case = many_clients.tally(answers, timeout=40, pages=2, window=5, rate=1, answers_refused=answers[1:])
     row = {"mix": "receipts", "hog": 1, "start": "cold", "retry": False, **case}
     retried = many_clients.tally(
         [Outcome(200, 9.0), Outcome(503, 0.3, "9")],

@@ -3,9 +3,9 @@ would wait for it.
 
 Documents are previewed and their line units counted one at a time per lane, in the order they
 came (:mod:`ocrserve.service`); one whose turn has not ended within ``router.admission_timeout_s``
-of its arrival is refused. A :class:`PreviewTurn` counts the documents waiting for it and times
-the turns that end, so that a document that the turns ahead of it would keep past that limit is
-refused on arrival rather than at the limit.
+of its arrival is refused. A :class:`PreviewTurn` counts the pages of the documents waiting for it
+and times the turns that end, in seconds a previewed page, so that a document that the turns
+ahead of it and its own would keep past that limit is refused on arrival rather than at the limit.
 """
 
 from __future__ import annotations
@@ -17,61 +17,95 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-#: Turns timed for :meth:`PreviewTurn.ahead_s` (the newest kept).
+#: Turns timed for :meth:`PreviewTurn.previewed_in_s` (the newest kept).
 TURNS_KEPT = 16
-#: Turns timed before :meth:`PreviewTurn.ahead_s` says anything. A flood whose clients come back
-#: together ends one or two turns a round of itself (the rest are cut at the limit): at 4 the turns
-#: ahead were priced only after four rounds, and its refusals still came at 10.1-10.4 s. At 2, a
-#: flood of 4-page documents of turned pages marked bulk beside a single page every 0.5 s (held-out
-#: seed 31, 2 cores) was refused at a median of 0.33 s against 7.17 s before (3 of 55 and 4 of 35
-#: accepted, none late), and a warm burst of twelve 2-page receipts beside a CPU hog was admitted
-#: as before (4 of 12, all in time).
+#: Turns timed before :meth:`PreviewTurn.previewed_in_s` goes by them alone; until then the prior
+#: (:data:`PRIOR_PAGE_S`) counts as one turn more. A flood whose clients come back together ends
+#: one or two turns a round of itself (the rest are cut at the limit): at 4 the turns ahead were
+#: priced only after four rounds, and its refusals still came at 10.1-10.4 s. At 2, a flood of
+#: 4-page documents of turned pages marked bulk beside a single page every 0.5 s (held-out seed 31,
+#: 2 cores) was refused at a median of 0.33 s against 7.17 s before (3 of 55 and 4 of 35 accepted,
+#: none late), and a warm burst of twelve 2-page receipts beside a CPU hog was admitted as before
+#: (4 of 12, all in time).
 ENOUGH_TURNS = 2
+#: A previewed page's seconds in the turn before any turn was timed: decoding its preview (up to
+#: 0.3 s, :meth:`~ocrserve.preprocess.Preprocessor.previews`) and counting its line units (up to
+#: 0.39 s, :mod:`ocrserve.preprocess.lines`) on a quiet 2-core machine. Without it nothing was
+#: ahead of a fresh gateway's first burst: eight clients posting 5-page receipts beside a single
+#: page every 0.5 s (development seed 22, 2 cores) all queued for the turn, the turns took
+#: 4.2-5.8 s (1.0-1.5 s a previewed page, the engine beside them), and six of the eight were
+#: refused at the 10 s limit, then six of seven in the second round, whose one timed turn said
+#: nothing yet.
+PRIOR_PAGE_S = 0.7
 
 
 class PreviewTurn:
-    """One document's previews at a time, in the order they came, with a count of the documents
-    waiting and the seconds of the last :data:`TURNS_KEPT` turns."""
+    """One document's previews at a time, in the order they came, with the pages of the documents
+    waiting and the seconds a previewed page of the last :data:`TURNS_KEPT` turns.
 
-    def __init__(self) -> None:
+    Args:
+        prior_page_s: a previewed page's seconds before turns were timed (:data:`PRIOR_PAGE_S`).
+    """
+
+    def __init__(self, prior_page_s: float = PRIOR_PAGE_S) -> None:
+        self._prior_page_s = prior_page_s
         self._lock = asyncio.Lock()
-        self._waiting = 0  # documents waiting for the turn, not in it
-        self._began: float | None = None  # time.monotonic() when the turn now held began
-        self._took: deque[float] = deque(maxlen=TURNS_KEPT)
+        self._waiting_pages = 0  # previewed pages of the documents waiting for the turn, not in it
+        self._held: tuple[float, int] | None = None  # (time.monotonic(), pages) of the turn held now
+        self._took: deque[float] = deque(maxlen=TURNS_KEPT)  # seconds a previewed page, newest last
 
-    def ahead_s(self) -> float:
-        """Seconds until a document arriving now gets the turn, by the median of the turns timed:
-        the turn held now (what is left of the median, at least none) and one median for each
-        document waiting. The median, not the mean: a turn that refuses its document before its
-        previews (the requests admitted meanwhile left it no room) takes milliseconds, and a
-        burst's turns mix those with whole previews. 0 until :data:`ENOUGH_TURNS` were timed."""
-        if len(self._took) < ENOUGH_TURNS:
-            return 0.0
-        typical = statistics.median(self._took)
-        held = 0.0 if self._began is None else max(0.0, typical - (time.monotonic() - self._began))
-        return held + self._waiting * typical
+    def previewed_in_s(self, pages: int) -> float:
+        """Seconds until a document of ``pages`` previewed pages arriving now has been previewed:
+        a typical turn's seconds a page (the median of the turns timed, the prior counted as one
+        while fewer than :data:`ENOUGH_TURNS` were) times the pages of the turn held now (less
+        what it has run, at least none), of each document waiting and its own. The median, not the
+        mean: a turn that refuses its document before its previews (the requests admitted
+        meanwhile left it no room) takes milliseconds, and a burst's turns mix those with whole
+        previews. Its own pages count: by the turns ahead alone, documents of a flood of 5-page
+        receipts beside a single page every 0.5 s (development seed 22, 2 cores) got the turn a
+        moment before their limit, and four of them were cut 1.3-6.4 s into their previews."""
+        typical = self._typical_page_s()
+        held = 0.0
+        if self._held is not None:
+            began, held_pages = self._held
+            held = max(0.0, typical * held_pages - (time.monotonic() - began))
+        return held + (self._waiting_pages + max(1, pages)) * typical
+
+    def _typical_page_s(self) -> float:
+        """A turn's seconds a previewed page: the median of the turns timed, and of the prior too
+        while fewer than :data:`ENOUGH_TURNS` were."""
+        took = list(self._took)
+        return statistics.median(took if len(took) >= ENOUGH_TURNS else [self._prior_page_s, *took])
 
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """Wait for the turn, hold it for the block, and time it where the block ended of itself
-        (previewed, or refused): one cancelled, while waiting or in the turn, leaves untimed. In a
-        flood whose documents were cut at ``router.admission_timeout_s`` while the turn ahead of
-        them ran, those cut in the turn took 0.01-0.8 s of it, the turns that ended of themselves
-        1.9-8.1 s, and timed with the rest the cut ones held the median at a tenth of a second."""
-        self._waiting += 1
+    async def turn(self, pages: int) -> AsyncIterator[None]:
+        """Wait for the turn to preview ``pages`` pages (at least 1), hold it for the block, and
+        time it where the block ended of itself (previewed, or refused), or was cancelled in the
+        turn (its request cut at its limit) after longer than a typical turn (:meth:`previewed_in_s`):
+        the turn took at least that. In a flood whose documents were cut at
+        ``router.admission_timeout_s`` while the turn ahead of them ran, those cut in the turn
+        took 0.01-0.8 s of it, the turns that ended of themselves 1.9-8.1 s, and timed with the
+        rest the cut ones held the median at a tenth of a second. Beside a CPU hog, a flood of
+        2-page dense documents marked bulk (development seed 22, 2 cores) had every turn cut,
+        the first after 10 s, and untimed, the turns ahead were priced by the prior (0.7 s a
+        page) to the end."""
+        pages = max(1, pages)
+        self._waiting_pages += pages
         try:
             await self._lock.acquire()
         finally:
-            self._waiting -= 1
-        self._began = time.monotonic()
-        timed = True
+            self._waiting_pages -= pages
+        began = time.monotonic()
+        self._held = (began, pages)
+        cut = False
         try:
             yield
-        except asyncio.CancelledError:  # cut short at its request's limit: not how long a turn takes
-            timed = False
+        except asyncio.CancelledError:
+            cut = True
             raise
         finally:
-            if timed:
-                self._took.append(time.monotonic() - self._began)
-            self._began = None
+            page_s = (time.monotonic() - began) / pages
+            if not cut or page_s > self._typical_page_s():
+                self._took.append(page_s)
+            self._held = None
             self._lock.release()

@@ -20,7 +20,7 @@ burst of twelve 2-page documents on the previews of all twelve, while the engine
 yield the cores) waited. A document whose turn and count have not ended within ``router.admission_timeout_s`` of
 its arrival is refused (503 ``admission-timeout``, ``Retry-After``): a background request's count
 yields the cores to interactive pages, and beside a stream of them a flood's documents waited up
-to 33 s to be refused. One that the turns ahead of it would keep past that limit
+to 33 s to be refused. One that the turns ahead of it and its own would keep past that limit
 (:class:`~ocrserve.preview_turn.PreviewTurn`) is refused on arrival: at the limit alone, every
 refusal of a flood of 5-page receipts beside a single page every 0.5 s came after 10.3 s.
 
@@ -52,7 +52,7 @@ from ocrserve.config import Config
 from ocrserve.errors import DeadlinePassed, Overloaded
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
-from ocrserve.preprocess import DocumentInfo, Preprocessor, Source
+from ocrserve.preprocess import PREVIEW_PAGES, DocumentInfo, Preprocessor, Source
 from ocrserve.preview_turn import PreviewTurn
 from ocrserve.router import Reservation, Router
 from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
@@ -186,8 +186,8 @@ class OcrService:
                 requests admitted meanwhile leave it no room
                 (:meth:`~ocrserve.router.Router.check_held`); 503 ``admission-timeout`` where its
                 turn and count have not ended within ``router.admission_timeout_s`` of its arrival,
-                at once where the turns ahead of it would take longer
-                (:meth:`~ocrserve.preview_turn.PreviewTurn.ahead_s`).
+                at once where the turns ahead of it and its own would take longer
+                (:meth:`~ocrserve.preview_turn.PreviewTurn.previewed_in_s`).
         """
 
         async def counted() -> list[float | None]:
@@ -197,21 +197,21 @@ class OcrService:
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
             return await counted()
 
-        turn = self._turns[terms.lane]
+        turn, previewed = self._turns[terms.lane], indices[:PREVIEW_PAGES]
 
         async def in_turn() -> list[float | None]:
-            async with turn.turn():
+            async with turn.turn(len(previewed)):
                 self.router.check_held(terms, len(indices), least, arrival)
                 return await counted()
 
         limit = self.config.router.admission_timeout_s
         left = max(0.0, limit - terms.since_arrival_s())
-        if (ahead := turn.ahead_s()) > left:
+        if (previewed_in := turn.previewed_in_s(len(previewed))) > left:
             raise _admission_timeout(
                 terms.lane,
-                f"the requests before it in the {terms.lane} lane would be previewed in about {ahead:.0f} s, past "
-                f"router.admission_timeout_s={limit:g} s of its arrival",
-                ahead - left,
+                f"the {terms.lane} lane would preview the request and those before it in about {previewed_in:.0f} s, "
+                f"past router.admission_timeout_s={limit:g} s of its arrival",
+                previewed_in - left,
             )
         try:
             return await within(in_turn(), left)

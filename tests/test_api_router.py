@@ -11,6 +11,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from ocrserve.preview_turn import PRIOR_PAGE_S
 from tests import samples
 from tests.conftest import DATA, Gateway, post_then_hang_up
 from tests.test_api import assert_problem
@@ -177,9 +178,10 @@ def refusing():
 
 def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_retry_after(refusing):
     """A document's first pages are previewed and their line units counted one document at a time
-    per lane; one whose turn and count have not ended within ``router.admission_timeout_s`` of its
-    arrival is refused 503 ``admission-timeout`` with ``Retry-After``, not left waiting, and the
-    refusal is counted. A single page is not held to it."""
+    per lane; one whose turn and count would not end within ``router.admission_timeout_s`` of its
+    arrival (here its own two pages, priced at the prior a page before any turn was timed) is
+    refused at once, 503 ``admission-timeout`` with ``Retry-After`` for the rest, not left
+    waiting, and the refusal is counted. A single page is not held to it."""
     with httpx.Client(base_url=refusing.url, timeout=60) as client:
         page = client.post(
             "/v1/ocr", files={"file": ("a", (DATA / "phototest.tif").read_bytes())}, data={"timeout": "60"}
@@ -187,8 +189,9 @@ def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_r
         assert page.status_code == 200, page.text
         document = (DATA / "testTIFF_multipage.tif").read_bytes()
         refused = client.post("/v1/ocr", files={"file": ("a", document)})
-        body = assert_problem(refused, 503, r"could not preview the request within router\.admission_timeout_s")
-        assert body["type"].endswith("/admission-timeout") and refused.headers["retry-after"] == "1"
+        body = assert_problem(refused, 503, r"in about 1 s, past router\.admission_timeout_s=0\.001 s")
+        assert body["type"].endswith("/admission-timeout")
+        assert refused.headers["retry-after"] == str(math.ceil(2 * PRIOR_PAGE_S - 0.001))
         assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1
 
 

@@ -9,63 +9,96 @@ import pytest
 
 from ocrserve.preview_turn import ENOUGH_TURNS, PreviewTurn
 
-TURN_S = 0.05
+PAGE_S = 0.025  # a previewed page's seconds in these turns
+PRIOR_S = 0.1  # the turns' prior, a page
 
 
-async def _take(turn: PreviewTurn, seconds: float, order: list[int], n: int) -> None:
-    async with turn.turn():
+async def _take(turn: PreviewTurn, pages: int, order: list[int], n: int, page_s: float = PAGE_S) -> None:
+    async with turn.turn(pages):
         order.append(n)
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(pages * page_s)
 
 
 def test_documents_take_the_turn_one_at_a_time_in_the_order_they_came():
     async def scenario() -> list[int]:
-        turn, order = PreviewTurn(), []
-        await asyncio.gather(*(_take(turn, 0.01, order, n) for n in range(5)))
+        turn, order = PreviewTurn(PRIOR_S), []
+        await asyncio.gather(*(_take(turn, 1, order, n, 0.01) for n in range(5)))
         return order
 
     assert asyncio.run(scenario()) == [0, 1, 2, 3, 4]
 
 
-def test_the_wait_ahead_is_the_turn_held_and_one_median_turn_per_document_waiting():
-    async def scenario() -> tuple[float, float, float, float]:
-        turn, order = PreviewTurn(), []
-        for n in range(ENOUGH_TURNS - 1):
-            await _take(turn, TURN_S, order, n)
-        unmeasured = turn.ahead_s()  # too few turns timed to say
-        await _take(turn, TURN_S, order, ENOUGH_TURNS)
-        idle = turn.ahead_s()  # nothing held, nothing waiting
-        held = asyncio.create_task(_take(turn, 10 * TURN_S, order, 10))
-        waiting = [asyncio.create_task(_take(turn, TURN_S, order, n)) for n in (11, 12)]
-        await asyncio.sleep(TURN_S / 5)
-        busy = turn.ahead_s()
+def test_before_turns_are_timed_the_documents_ahead_are_priced_by_the_prior_a_page():
+    async def scenario() -> tuple[float, float, float]:
+        turn, order = PreviewTurn(PRIOR_S), []
+        idle = turn.previewed_in_s(1)
+        held = asyncio.create_task(_take(turn, 2, order, 0, 8 * PAGE_S))
+        waiting = asyncio.create_task(_take(turn, 3, order, 1))
+        await asyncio.sleep(0)
+        fresh = turn.previewed_in_s(1)  # a 2-page turn just begun and 3 pages waiting, at the prior
+        await held
+        one_timed = turn.previewed_in_s(1)  # the waiting document in the turn now
+        await waiting
+        return idle, fresh, one_timed
+
+    idle, fresh, one_timed = asyncio.run(scenario())
+    assert idle == pytest.approx(PRIOR_S)  # its own page
+    assert fresh == pytest.approx(6 * PRIOR_S, abs=0.02)
+    # one turn timed (0.2 s a page) and the prior (0.1 s): their median, for 3 pages just begun and its own
+    assert one_timed == pytest.approx(4 * (8 * PAGE_S + PRIOR_S) / 2, abs=0.03)
+
+
+def test_the_wait_is_the_turn_held_and_the_pages_waiting_and_its_own_at_the_median_turns_seconds_a_page():
+    async def scenario() -> tuple[float, float, float]:
+        turn, order = PreviewTurn(PRIOR_S), []
+        for n in range(ENOUGH_TURNS):
+            await _take(turn, 2, order, n)
+        idle = turn.previewed_in_s(1)  # nothing held, nothing waiting
+        held = asyncio.create_task(_take(turn, 2, order, 10, 10 * PAGE_S))
+        waiting = [asyncio.create_task(_take(turn, pages, order, n)) for n, pages in ((11, 1), (12, 3))]
+        await asyncio.sleep(PAGE_S / 5)
+        busy = turn.previewed_in_s(1)
         waiting[1].cancel()  # a document that gave up leaves the queue
         await asyncio.sleep(0)
-        one_left = turn.ahead_s()
+        one_left = turn.previewed_in_s(1)
         await asyncio.gather(held, waiting[0], waiting[1], return_exceptions=True)
-        return unmeasured, idle, busy, one_left
+        return idle, busy, one_left
 
-    unmeasured, idle, busy, one_left = asyncio.run(scenario())
-    assert unmeasured == 0.0 and idle == 0.0
-    # what is left of the median turn held (0.05 s less the 0.01 s it has run), then two medians
-    assert busy == pytest.approx(TURN_S * 0.8 + 2 * TURN_S, abs=0.02)
-    assert one_left == pytest.approx(TURN_S * 0.8 + TURN_S, abs=0.02)
+    idle, busy, one_left = asyncio.run(scenario())
+    assert idle == pytest.approx(PAGE_S, abs=0.005)  # its own page
+    # what is left of the 2-page turn held (0.05 s less the 0.005 s it has run), 1 + 3 pages, its own
+    assert busy == pytest.approx(2 * PAGE_S * 0.9 + 5 * PAGE_S, abs=0.02)
+    assert one_left == pytest.approx(2 * PAGE_S * 0.9 + 2 * PAGE_S, abs=0.02)
 
 
-def test_a_turn_cut_short_by_its_request_is_not_timed():
+def test_a_turn_cut_a_moment_into_it_is_not_timed():
     async def scenario() -> float:
-        turn, order = PreviewTurn(), []
+        turn, order = PreviewTurn(PRIOR_S), []
         for n in range(ENOUGH_TURNS):
-            await _take(turn, TURN_S, order, n)
+            await _take(turn, 2, order, n)
         for n in range(ENOUGH_TURNS):  # cut at their limit a moment into the turn
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_take(turn, 10 * TURN_S, order, 10 + n), TURN_S / 50)
-        waiting = asyncio.create_task(_take(turn, TURN_S, order, 20))
-        held = asyncio.create_task(_take(turn, TURN_S, order, 21))
+                await asyncio.wait_for(_take(turn, 2, order, 10 + n, 10 * PAGE_S), PAGE_S / 25)
+        waiting = asyncio.create_task(_take(turn, 2, order, 20))
+        held = asyncio.create_task(_take(turn, 2, order, 21))
         await asyncio.sleep(0)
-        ahead = turn.ahead_s()
+        ahead = turn.previewed_in_s(1)
         await asyncio.gather(waiting, held)
         return ahead
 
-    # the median is still the whole turns' (0.05 s), not the cut ones' (0.001 s)
-    assert asyncio.run(scenario()) == pytest.approx(2 * TURN_S, abs=0.02)
+    # the median is still the whole turns' (0.025 s a page), not the cut ones' (0.0005 s)
+    assert asyncio.run(scenario()) == pytest.approx(5 * PAGE_S, abs=0.02)
+
+
+def test_a_turn_cut_after_longer_than_a_typical_turn_is_timed_as_at_least_that():
+    async def scenario() -> float:
+        turn, order = PreviewTurn(PRIOR_S), []
+        for n in range(ENOUGH_TURNS):
+            await _take(turn, 2, order, n)
+        for n in range(ENOUGH_TURNS + 1):  # cut at their limit 8 typical pages' seconds into the turn
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_take(turn, 1, order, 10 + n, 20 * PAGE_S), 8 * PAGE_S)
+        return turn.previewed_in_s(1)
+
+    # the turns took at least 0.2 s a page: three of the five timed, their median
+    assert asyncio.run(scenario()) == pytest.approx(8 * PAGE_S, abs=0.02)

@@ -532,8 +532,8 @@ class RouterConfig(Section):
         gt=0,
         description="Seconds from a request's arrival within which its first pages must have been previewed and "
         "their line units counted (documents one at a time per lane, at background priority); a document still "
-        "waiting then is refused 503 admission-timeout with Retry-After, and one that the documents ahead of it would "
-        "keep past it at once (single pages are not held to it)",
+        "waiting then is refused 503 admission-timeout with Retry-After, and one that the documents ahead of it and "
+        "its own previews would keep past it at once (single pages are not held to it)",
     )
     slot_overcommit: float = Field(1.0, gt=0, description="Pages in flight = engine slots x this")
     concurrency: Literal["fixed", "adaptive"] = Field(

@@ -33,7 +33,7 @@ ENOUGH_TURNS = 2
 #: 0.39 s, :mod:`ocrserve.preprocess.lines`) on a quiet 2-core machine. Without it nothing was
 #: ahead of a fresh gateway's first burst: eight clients posting 5-page receipts beside a single
 #: page every 0.5 s (development seed 22, 2 cores) all queued for the turn, the turns took
-#: 4.2-5.8 s (1.0-1.5 s a previewed page, the engine beside them), and six of the eight were
+#: 4.2-5.8 s (1.0-1.5 s a previewed page, the engine beside them), and seven of the eight were
 #: refused at the 10 s limit, then six of seven in the second round, whose one timed turn said
 #: nothing yet.
 PRIOR_PAGE_S = 0.7

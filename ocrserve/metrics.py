@@ -101,6 +101,13 @@ REJECTIONS = Counter(
     "engine_promised, admission_timeout, deadline, cancelled, too_large, rate_limited, tenant_quota).",
     ["lane", "reason"],
 )
+ADMISSION_PROBES = Counter(
+    "ocrserve_admission_probes",
+    "Pages run to teach admission's cost model while it was warming and the engine idle: the first page of a "
+    "request refused only for the model's margin for what it has not seen, at the lowest priority, its result "
+    "answered to nobody; by the refused request's lane.",
+    ["lane"],
+)
 ABORTED_PAGES = Counter(
     "ocrserve_engine_aborted_pages",
     "Pages cancelled while in the engine (vLLM aborts the request), by lane and "

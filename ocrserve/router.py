@@ -677,6 +677,27 @@ class Router:
         bound = self._bound(estimate, least, ahead, margin, bursting)
         self._check_deadline(lane, pages, terms, bound, least)
 
+    def probe_wanted(self, terms: Terms, work: Work) -> bool:
+        """Whether a request asking ``work`` under ``terms``, just refused at its deadline, should
+        have a page run as a probe of the cost model
+        (:meth:`~ocrserve.service.OcrService.probe`): the model is warming
+        (:attr:`~ocrserve.servicetime.ServiceTime.warming`), no request is admitted and no page is
+        in the engine (none can finish and narrow the margin; requests waiting for admission price
+        the probe's page when they are admitted), and the request alone, priced without the margin
+        for what the model has not seen (:meth:`_bound`), would fit its deadline: only that margin
+        refused it.
+        The margin narrows only as pages finish, so a fresh gateway that refuses every document
+        sent to it never narrows it: beside a CPU hog, sixteen clients retrying 2-page dense
+        documents with a 40 s timeout were all refused to the end, on an idle engine that would
+        have read one in about 25 s."""
+        if terms.deadline is None or not self.service.warming:
+            return False
+        if self._running or any(lane.requests for lane in self.lanes.values()):
+            return False
+        bursting = terms.bursts and self.bursts
+        alone = self._bound(self.own_s(work, bursting), work, 0.0, margin=False, bursting=bursting)
+        return alone <= terms.deadline.left()
+
     @contextlib.contextmanager
     def _not_admitted(self, awaiting: Awaiting) -> Iterator[None]:
         """Count ``awaiting`` ahead of the requests that arrive after it (:meth:`_awaited`) for the

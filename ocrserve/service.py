@@ -28,6 +28,14 @@ A document refused at admission keeps the line units counted for it (:data:`COUN
 documents, by client, content and pages), and its client's retry is priced on them at once,
 without previews. Previewed again, the retries of eleven refused clients, every few seconds,
 took the cores from the engine's pages beside a CPU hog.
+
+A request refused at its deadline only for admission's margin for what its cost model has not
+seen, while nothing else is admitted, in the engine or waiting (:meth:`~ocrserve.router.Router.probe_wanted`),
+has its first page run as a probe (:meth:`OcrService.probe`), one at a time: at the lowest
+priority, without a deadline, so that the page's seconds teach the model and narrow the margin;
+the page's result is kept for that client's retry of the same content, which is then priced and
+run without it. Otherwise a fresh gateway sent only documents that the margin refuses never
+learns, and refuses them to the end on an idle engine. The refusal does not wait for the probe.
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ import asyncio
 import contextlib
 import hashlib
 import io
+import logging
 import math
+import os
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -49,20 +60,27 @@ from cachetools import LRUCache
 from ocrserve import metrics
 from ocrserve.alarm import within
 from ocrserve.config import Config
-from ocrserve.errors import DeadlinePassed, Overloaded
+from ocrserve.errors import DeadlinePassed, Overloaded, ProblemError
 from ocrserve.formats import assemble_result
 from ocrserve.pipeline import Attempt, PagePipeline
 from ocrserve.preprocess import PREVIEW_PAGES, DocumentInfo, Preprocessor, Source
 from ocrserve.preview_turn import PreviewTurn
 from ocrserve.router import Reservation, Router
-from ocrserve.scheduling import Terms, choose_lane, inspection_class, resolve
+from ocrserve.scheduling import BULK, Terms, choose_lane, inspection_class, resolve
 from ocrserve.servicetime import Work
 from ocrserve.store.cache import DedupCache
-from ocrserve.work import Deadline, EngineClass, WorkItem
+from ocrserve.work import Deadline, EngineClass, Priority, WorkItem
+
+log = logging.getLogger(__name__)
 
 #: Refused documents whose counted line units are kept for their clients' retries (module
 #: docstring); each holds a float or None for each page of its document.
 COUNTS_KEPT = 1024
+#: Pages a probe read (module docstring) kept for their clients' retries.
+PROBED_KEPT = 64
+#: Where a probe's page goes in the bulk lane's queue (lower first): after every request's, a
+#: job's least urgent included (``router.bulk.priority + jobs.max_priority``, at most 10 + 99).
+PROBE_ORDER = Priority(1 << 20)
 #: Uploads above this many bytes are kept in a temporary file rather than in memory: a synchronous
 #: one reaches the decoding processes as a path, not as bytes pickled once per chunk of pages, and a
 #: raw body is spooled to disk as it arrives (``ocrserve.api.uploads``).
@@ -114,6 +132,9 @@ class OcrService:
         self._turns: defaultdict[str, PreviewTurn] = defaultdict(PreviewTurn)
         # line units counted for refused documents, by (client, content, pages), for their retries
         self._counted: LRUCache[tuple[str, str, str | None], list[float | None]] = LRUCache(COUNTS_KEPT)
+        self._probe: asyncio.Task | None = None  # a refused request's page teaching the cost model
+        # what probes read, by (client, content, page index), for their clients' retries
+        self._probed: LRUCache[tuple[str, str, int], Attempt] = LRUCache(PROBED_KEPT)
 
     async def ocr(
         self, document: bytes | BinaryIO, *, pages: str | None = None, work: WorkItem = WorkItem()
@@ -146,22 +167,7 @@ class OcrService:
                 return assemble_result(cached, self.router.engine.model, lane, time.perf_counter() - started), True
             # the lane's default deadline runs from admission
             terms = resolve(work, self.config.router, len(indices), pixels)
-            tokens = info.visual_tokens(indices, self.config.preprocess)
-            sizes = info.normalized_sizes(indices, self.config.preprocess)
-            textless = self.router.request_work(sizes, len(indices), [0.0] * len(sizes))
-            counted_key, arrival = (terms.client, sha256, pages), None
-            if (units := self._counted.get(counted_key)) is None:
-                async with self.router.held(terms, len(indices), textless) as arrival:
-                    units = await self._line_units(source, info, indices, terms, textless, arrival)
-                self._counted[counted_key] = units
-                metrics.LINE_COUNTS.labels("counted").inc()
-            else:
-                metrics.LINE_COUNTS.labels("kept").inc()
-            demand = self.router.request_work(sizes, len(indices), units)
-            previewed = dict(zip(indices, units, strict=False))
-            async with self.router.admit(terms, len(indices), tokens, demand, arrival) as reservation:
-                self._counted.pop(counted_key, None)  # admitted: kept only for a refused one's retry
-                attempts = await self._run_pages(source, info, indices, reservation, terms, previewed)
+            attempts = await self._attempts(source, sha256, info, indices, pages, terms)
         for attempt in attempts:
             self.pipeline.count_final(attempt)
         problems = [a.problem for a in attempts if a.problem]
@@ -174,6 +180,121 @@ class OcrService:
         seconds = time.perf_counter() - started
         metrics.REQUEST_LATENCY_SECONDS.labels(lane).observe(seconds)
         return assemble_result(pages_out, self.router.engine.model, lane, seconds), False
+
+    async def _attempts(
+        self, source: Source, sha256: str, info: DocumentInfo, indices: list[int], pages: str | None, terms: Terms
+    ) -> list[Attempt]:
+        """Every selected page's attempt, in order (``indices``, as the client's ``pages`` selected
+        them): the pages a probe ran for this client's refused try of the same content (module
+        docstring) as the probe left them, the others priced on their line units, admitted and run.
+        Where only admission's margin for the unseen refused it, its first page not yet run is
+        probed (:meth:`probe`).
+
+        Raises:
+            PayloadTooLarge, Overloaded: as :meth:`~ocrserve.router.Router.admit`.
+        """
+        probed = {i: attempt for i in indices if (attempt := self._probed.get((terms.client, sha256, i)))}
+        todo = [i for i in indices if i not in probed]
+        attempts: list[Attempt] = []
+        if todo:
+            sizes = info.normalized_sizes(todo, self.config.preprocess)
+            priced = self.router.request_work(sizes, len(todo), [0.0] * len(todo))  # the least they can be
+            counted = (terms.client, sha256, pages)
+            units: dict[int, float | None] = {}
+            async with contextlib.AsyncExitStack() as admitted:
+                try:
+                    units, arrival = await self._units(counted, source, info, indices, terms, priced)
+                    priced = self.router.request_work(sizes, len(todo), [units.get(i) for i in todo])
+                    tokens = info.visual_tokens(todo, self.config.preprocess)
+                    admission = self.router.admit(terms, len(todo), tokens, priced, arrival)
+                    reservation = await admitted.enter_async_context(admission)
+                except Overloaded as refused:
+                    if refused.slug == "deadline-unmeetable" and self.router.probe_wanted(terms, priced):
+                        key = (terms.client, sha256, todo[0])
+                        await self.probe(source, info, key, sizes[0], units.get(todo[0]), terms.lane)
+                    raise
+                self._counted.pop(counted, None)  # admitted: kept only for a refused one's retry
+                attempts = await self._run_pages(source, info, todo, reservation, terms, units)
+        for index in probed:
+            self._probed.pop((terms.client, sha256, index), None)
+        return sorted([*attempts, *probed.values()], key=lambda attempt: attempt.result.index)
+
+    async def _units(
+        self,
+        key: tuple[str, str, str | None],
+        source: Source,
+        info: DocumentInfo,
+        indices: list[int],
+        terms: Terms,
+        least: Work,
+    ) -> tuple[dict[int, float | None], int | None]:
+        """The line units of a request's first pages (of ``indices``, by page index), and its
+        arrival number for :meth:`~ocrserve.router.Router.admit`: kept for its client's refused
+        try of the same content and pages (``key``; arrival None: it comes now), else counted in
+        its turn while the pages it will run are held at their ``least`` work
+        (:meth:`~ocrserve.router.Router.held`, :meth:`_line_units`), and kept.
+
+        Raises:
+            PayloadTooLarge, Overloaded: as :meth:`~ocrserve.router.Router.held` and :meth:`_line_units`.
+        """
+        if (units := self._counted.get(key)) is None:
+            async with self.router.held(terms, round(least.pages), least) as arrival:
+                units = await self._line_units(source, info, indices, terms, least, arrival)
+            self._counted[key] = units
+            metrics.LINE_COUNTS.labels("counted").inc()
+        else:
+            arrival = None
+            metrics.LINE_COUNTS.labels("kept").inc()
+        return dict(zip(indices, units, strict=False)), arrival
+
+    async def probe(
+        self,
+        source: Source,
+        info: DocumentInfo,
+        key: tuple[str, str, int],
+        size: tuple[int, int],
+        units: float | None,
+        lane: str,
+    ) -> None:
+        """Start running a page of a refused request through the engine as a probe of admission's
+        cost model, unless a probe is running (module docstring): ``key``, its client, its
+        content's sha256 and the page's index; ``size``, the page's normalized ``(width, height)``;
+        ``units``, its line units counted on its preview (None: not counted); ``lane``, the
+        request's. Returns once the probe has its own copy of ``source`` (a spooled upload's file
+        is removed when its request ends); the page runs in the bulk lane after every other request
+        (:data:`PROBE_ORDER`), without a deadline, and its result, where it succeeded, is kept for
+        that client's retry (:data:`PROBED_KEPT`)."""
+        if self._probe is not None and not self._probe.done():
+            return
+        own = await asyncio.to_thread(_copied, source) if isinstance(source, Path) else source
+        work = self.router.request_work([size], 1, [units])
+        metrics.ADMISSION_PROBES.labels(lane).inc()
+        log.info("probing admission's cost model with page %d of a %s request it refused", key[2] + 1, lane)
+        self._probe = asyncio.create_task(self._run_probe(own, info, key, work, units), name="ocrserve-probe")
+
+    async def _run_probe(
+        self, source: Source, info: DocumentInfo, key: tuple[str, str, int], work: Work, units: float | None
+    ) -> None:
+        terms = Terms(BULK, PROBE_ORDER, EngineClass.BACKGROUND)
+        try:
+            async with self.router.admit(terms, 1, work=work) as reservation:
+                chunks = self.preprocessor.pages(source, info, [key[2]], EngineClass.BACKGROUND)
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        for page in chunk:
+                            if (attempt := await self.pipeline.run(page, reservation, terms, units)).problem is None:
+                                self._probed[key] = attempt
+        except ProblemError as problem:  # the bulk lane full now: no probe, nobody waits on it
+            log.info("probe of admission's cost model not run: %s", problem)
+        finally:
+            if isinstance(source, Path):
+                source.unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        """Cancel a probe still running (:meth:`probe`)."""
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
 
     async def _line_units(
         self, source: Source, info: DocumentInfo, indices: list[int], terms: Terms, least: Work, arrival: int
@@ -270,6 +391,14 @@ class OcrService:
             return None
         except TimeoutError:
             raise DeadlinePassed("the deadline passed while pages were being decoded") from None
+
+
+def _copied(path: Path) -> Path:
+    """A copy of the file at ``path`` in a new temporary file, which the caller removes."""
+    fd, name = tempfile.mkstemp(prefix="ocrserve-probe-")
+    os.close(fd)
+    shutil.copyfile(path, name)
+    return Path(name)
 
 
 def _admission_timeout(lane: str, why: str, wait: float) -> Overloaded:

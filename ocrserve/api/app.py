@@ -133,6 +133,7 @@ async def lifespan(app: FastAPI):
     finally:
         warm.cancel()
         await state.jobs.close()
+        await state.service.close()
         await state.router.close()
         metrics.ENGINE_READY.set(0)
         await state.engine.close()

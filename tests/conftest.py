@@ -16,6 +16,7 @@ import pytest
 
 from ocrserve.bench.harness import REPO, LocalGateway, free_port, stop_group, wait_until_200
 from ocrserve.evaluation import locate_corpus
+from tests.needs import pytest_collection_modifyitems  # noqa: F401 (hook: the slow tier skips)
 from tests.skips import pytest_collectreport, pytest_runtest_logreport  # noqa: F401 (hooks: the skip report)
 
 DATA = Path(__file__).parent / "data"

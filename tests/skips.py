@@ -9,7 +9,8 @@ writes their tests to OUT and exits 1 where a reason names no remedy. OUT holds 
 a module or a test function with all its parameters (a parameter's id may exist only where
 something is missing, as ``[corpus-missing]``); ``pytest @OUT`` runs them again where everything
 is installed. A remedy is an install command (``pip install``, ``apt-get install``,
-``scripts/vllm-cpu-env``), the corpus's variable (``OCRSERVE_CORPUS``), or one of
+``scripts/vllm-cpu-env``), the corpus's variable (``OCRSERVE_CORPUS``), the slow tier's
+(``OCRSERVE_TEST_SLOW=1``, ``tests/needs.py``), or one of
 :data:`NOT_MISSING`: a skip because of what the machine *has* (a GPU, an extra that makes the test
 moot), which no install would lift.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 #: The environment variable naming the file the plugin appends to.
 REPORT_ENV = "OCRSERVE_TEST_SKIPS"
 #: Phrases of a reason that say how to get what is missing.
-REMEDIES = ("pip install", "apt-get install", "OCRSERVE_CORPUS", "scripts/vllm-cpu-env")
+REMEDIES = ("pip install", "apt-get install", "OCRSERVE_CORPUS", "scripts/vllm-cpu-env", "OCRSERVE_TEST_SLOW=1")
 #: Phrases of a reason that is not a missing dependency (the machine has something, or is not root).
 NOT_MISSING = (
     "is installed here",

@@ -88,6 +88,7 @@ def test_small_request_fast_lane_large_bulk(http):
     assert http.post("/v1/ocr", files={"file": ("a", tif)}, data={"priority": "bulk"}).json()["lane"] == "bulk"
 
 
+@pytest.mark.slow
 def test_full_lane_503_with_computed_retry_after_then_recovers(gw, http):
     tif = (DATA / "phototest.tif").read_bytes()
     assert http.post("/v1/ocr", files={"file": ("a", tif)}).status_code == 200  # the lane has drained a page

@@ -20,6 +20,7 @@ from tests.conftest import DATA
 pytest.importorskip("matplotlib", reason="the bench report's plot needs matplotlib: pip install -e '.[test]'")
 
 
+@pytest.mark.slow
 def test_a_short_bench_run_reports_the_knee_quality_and_the_simulated_p95(gateway, tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "phototest.tif").write_bytes((DATA / "phototest.tif").read_bytes())
@@ -74,6 +75,7 @@ def test_a_recommended_overlay_is_applied_by_launch_set_file(tmp_path):
     assert "--set engine.onnx.rec_batch_num=16" in result.output
 
 
+@pytest.mark.slow
 def test_the_mixed_scenario_reports_both_ratios(gateway, tmp_path):
     """``--scenario mixed`` against a gateway: the stream alone, the flood alone, then both."""
     (tmp_path / "docs").mkdir()

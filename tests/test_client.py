@@ -188,6 +188,7 @@ def _last_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_cli_out_run_again_skips_what_is_written_and_redoes_what_changed(gateway, tmp_path):
     """With --out, a run again skips the results written for the same input and options; a result
     truncated since, an input whose content changed, and --force are OCR'd again."""
@@ -214,6 +215,7 @@ def test_cli_out_run_again_skips_what_is_written_and_redoes_what_changed(gateway
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]  # written through renames, none left
 
 
+@pytest.mark.slow
 def test_cli_stops_at_once_with_one_line_when_the_gateway_goes_away(tmp_path):
     """A gateway killed mid-run: one line naming its URL (not one per document left), the summary
     counting the documents not attempted as not done, exit status 3."""

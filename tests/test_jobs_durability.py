@@ -35,6 +35,7 @@ def assert_each_page_once(client: httpx.Client, job_id: str) -> None:
     assert events[-1][0] == "done"
 
 
+@pytest.mark.slow
 def test_sqlite_job_survives_kill_9_and_restart(tmp_path):
     first = job_gateway(tmp_path).wait_ready()
     try:

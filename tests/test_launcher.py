@@ -149,6 +149,7 @@ def test_vllm_exiting_before_healthy_fails_fast_with_its_last_lines(tmp_path):
     assert "gateway listening" not in output
 
 
+@pytest.mark.slow
 def test_gateway_starts_after_vllm_is_healthy_and_reads_through_it(launched):
     output = launched.output()
     order = [

@@ -149,6 +149,7 @@ def test_counting_pages_does_not_parse_their_content():
     assert (info.kind, info.page_count, time.monotonic() - started < 1) == ("pdf", 12, True)
 
 
+@pytest.mark.slow
 def test_the_gateway_answers_bombs_with_4xx_and_keeps_serving(tmp_path):
     """Over HTTP: each bomb is answered its 4xx within 10 s and the next request is served; in a
     job, a page that exhausts its process fails once with 422, as the page's own fault, not as an

@@ -366,6 +366,7 @@ def dense_page(index: int = 0) -> Page:
     return Page(index=index, image=image, width=1280, height=960, visual_tokens=1200, line_units=line_units(image))
 
 
+@pytest.mark.slow
 async def test_a_wait_for_evidence_in_which_no_page_finishes_ends_refused(make_router):
     """The model's own count of the engine's progress is not evidence: behind dense pages that
     take about 2 s each, priced at 0.5 s (``router.initial_page_s``), a request that only the
@@ -693,6 +694,7 @@ async def test_failing_page_fails_alone_and_teaches_no_page_time(make_router):
     assert router.service.measured == 2
 
 
+@pytest.mark.slow
 async def test_calibration_teaches_the_service_time_model_what_text_costs(make_router):
     """Three synthetic pages at start (a line, a full letter page, the letter page with one line)
     give the admission measured page times before any client's page: a letter page full of text
@@ -760,6 +762,7 @@ async def test_the_fast_lane_refuses_what_would_miss_its_latency_target_unless_t
     assert not Router(engine, off).has_latency_target
 
 
+@pytest.mark.slow
 async def test_the_fast_lane_leaves_room_below_its_latency_target_for_what_its_bound_misses(make_router):
     """Fast requests held to the latency target that finish later than the bound they were admitted
     on (here: their clients hold them 0.8 s past their pages) teach admission to leave that much
@@ -808,6 +811,7 @@ async def test_a_single_page_is_not_priced_by_the_over_run_of_bulk_pages_it_over
     await bulk
 
 
+@pytest.mark.slow
 async def test_a_fast_document_finishes_beside_a_steady_stream_of_single_pages(make_router):
     """Two clients send single pages back to back (one in the engine, one in the burst slot, one
     queued at all times) while a 2-page fast document waits one step after them in the lane: the

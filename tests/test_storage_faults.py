@@ -112,6 +112,7 @@ def log_lines(log: Path, text: str) -> int:
     return sum(text in line for line in log.read_text(errors="replace").splitlines())
 
 
+@pytest.mark.slow
 def test_full_data_folder_refuses_jobs_with_507_and_recovers(tmp_path):
     log = tmp_path / "gateway.log"
     with tmpfs(tmp_path / "data", size_mb=24) as data_dir:
@@ -162,6 +163,7 @@ def assert_logged_once_each_way(log: Path) -> None:
     assert log_lines(log, "Traceback") == 0
 
 
+@pytest.mark.slow
 def test_sqlite_store_on_a_full_disk_fails_readiness_and_recovers(tmp_path):
     log, data_dir = tmp_path / "gateway.log", tmp_path / "data"
     with tmpfs(tmp_path / "db", size_mb=16) as db_dir:

@@ -351,6 +351,7 @@ def test_inference_time_between_polls_prices_other_clients_queue():
 # --- a replica that was up and is gone ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_with_its_only_replica_killed_the_503_names_it_and_jobs_wait(tmp_path):
     """The gateway's only replica is killed: a synchronous request's 503 says which replica is
     down, since when and why (not "still loading"), with Retry-After from the poll interval;
@@ -398,6 +399,7 @@ def test_with_its_only_replica_killed_the_503_names_it_and_jobs_wait(tmp_path):
         replica.stop()
 
 
+@pytest.mark.slow
 def test_a_replica_never_up_is_still_loading_not_down(tmp_path):
     """A replica that never answered: the 503 says the engine is still loading and why."""
     dead = f"http://127.0.0.1:{free_port()}"

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Words of phototest.tif's ground truth the CPU engine must read.
 WORDS = ("lot", "point", "text", "test", "ocr", "quick", "brown", "fox", "jumped", "lazy", "dog")
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def _run(*args: str | Path, **kwargs) -> str:

@@ -105,7 +105,7 @@ ADMISSION_PROBES = Counter(
     "ocrserve_admission_probes",
     "Pages run to teach admission's cost model while it was warming and the engine idle: the first page of a "
     "request refused only for the model's margin for what it has not seen, at the lowest priority, its result "
-    "answered to nobody; by the refused request's lane.",
+    "kept for that client's retry; by the refused request's lane.",
     ["lane"],
 )
 ABORTED_PAGES = Counter(

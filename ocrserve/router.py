@@ -690,13 +690,20 @@ class Router:
         sent to it never narrows it: beside a CPU hog, sixteen clients retrying 2-page dense
         documents with a 40 s timeout were all refused to the end, on an idle engine that would
         have read one in about 25 s."""
-        if terms.deadline is None or not self.service.warming:
+        if terms.deadline is None or not self.service.warming or not self.vacant:
             return False
-        if self._running or any(lane.requests for lane in self.lanes.values()):
-            return False
-        bursting = terms.bursts and self.bursts
-        alone = self._bound(self.own_s(work, bursting), work, 0.0, margin=False, bursting=bursting)
-        return alone <= terms.deadline.left()
+        return self.alone_s(work, terms.bursts and self.bursts, margin=False) <= terms.deadline.left()
+
+    @property
+    def vacant(self) -> bool:
+        """Whether no request is admitted and no page is in the engine."""
+        return not self._running and not any(lane.requests for lane in self.lanes.values())
+
+    def alone_s(self, work: Work, bursting: bool = False, margin: bool = True) -> float:
+        """What admission would hold a request asking ``work`` to on an idle engine (its pages'
+        own part of :meth:`_bound`, nothing ahead; as pages that burst where ``bursting``), with
+        the margin for what the cost model has not seen unless not ``margin``, seconds."""
+        return self._bound(self.own_s(work, bursting), work, 0.0, margin, bursting)
 
     @contextlib.contextmanager
     def _not_admitted(self, awaiting: Awaiting) -> Iterator[None]:
@@ -1063,7 +1070,7 @@ class Router:
         metrics.REJECTIONS.labels(lane.name, "deadline_unmeetable").inc()
         inside = self.inside_s()
         bursting = terms.bursts and self.bursts
-        if (alone := self._bound(self.own_s(work, bursting), work, 0.0, bursting=bursting)) > left:
+        if (alone := self.alone_s(work, bursting)) > left:
             before = terms.since_arrival_s()
             used = f"; {before:.1f} s of its timeout went to its upload and inspection" if before >= 0.5 else ""
             others = f"; besides, {inside:.0f} s of work is queued in the engine by other clients" if inside else ""

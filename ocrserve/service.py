@@ -78,6 +78,9 @@ log = logging.getLogger(__name__)
 COUNTS_KEPT = 1024
 #: Pages a probe read (module docstring) kept for their clients' retries.
 PROBED_KEPT = 64
+#: How long a probe's decoded page waits for the engine to be idle before it is dropped (the
+#: pages in the engine meanwhile teach the cost model), and how often it looks, seconds.
+PROBE_IDLE_WAIT_S, PROBE_IDLE_POLL_S = 30.0, 0.1
 #: Where a probe's page goes in the bulk lane's queue (lower first): after every request's, a
 #: job's least urgent included (``router.bulk.priority + jobs.max_priority``, at most 10 + 99).
 PROBE_ORDER = Priority(1 << 20)
@@ -209,10 +212,13 @@ class OcrService:
                     admission = self.router.admit(terms, len(todo), tokens, priced, arrival)
                     reservation = await admitted.enter_async_context(admission)
                 except Overloaded as refused:
-                    if refused.slug == "deadline-unmeetable" and self.router.probe_wanted(terms, priced):
-                        key = (terms.client, sha256, todo[0])
-                        await self.probe(source, info, key, sizes[0], units.get(todo[0]), terms.lane)
-                    raise
+                    if refused.slug != "deadline-unmeetable" or not self.router.probe_wanted(terms, priced):
+                        raise
+                    page = todo[0]
+                    work, key = self.router.request_work(sizes[:1], 1, [units.get(page)]), (terms.client, sha256, page)
+                    if not await self.probe(source, info, key, work, units.get(page), terms.lane):
+                        raise
+                    raise _probing(terms.lane, len(todo), page, self.router.alone_s(work)) from None
                 self._counted.pop(counted, None)  # admitted: kept only for a refused one's retry
                 attempts = await self._run_pages(source, info, todo, reservation, terms, units)
         for index in probed:
@@ -252,43 +258,59 @@ class OcrService:
         source: Source,
         info: DocumentInfo,
         key: tuple[str, str, int],
-        size: tuple[int, int],
+        work: Work,
         units: float | None,
         lane: str,
-    ) -> None:
+    ) -> bool:
         """Start running a page of a refused request through the engine as a probe of admission's
         cost model, unless a probe is running (module docstring): ``key``, its client, its
-        content's sha256 and the page's index; ``size``, the page's normalized ``(width, height)``;
-        ``units``, its line units counted on its preview (None: not counted); ``lane``, the
-        request's. Returns once the probe has its own copy of ``source`` (a spooled upload's file
-        is removed when its request ends); the page runs in the bulk lane after every other request
+        content's sha256 and the page's index; ``work``, the page's; ``units``, its line units
+        counted on its preview (None: not counted); ``lane``, the request's. Returns whether it
+        started, once the probe has its own copy of ``source`` (a spooled upload's file is removed
+        when its request ends); the page runs in the bulk lane after every other request
         (:data:`PROBE_ORDER`), without a deadline, and its result, where it succeeded, is kept for
         that client's retry (:data:`PROBED_KEPT`)."""
         if self._probe is not None and not self._probe.done():
-            return
+            return False
         own = await asyncio.to_thread(_copied, source) if isinstance(source, Path) else source
-        work = self.router.request_work([size], 1, [units])
         metrics.ADMISSION_PROBES.labels(lane).inc()
         log.info("probing admission's cost model with page %d of a %s request it refused", key[2] + 1, lane)
         self._probe = asyncio.create_task(self._run_probe(own, info, key, work, units), name="ocrserve-probe")
+        return True
 
     async def _run_probe(
         self, source: Source, info: DocumentInfo, key: tuple[str, str, int], work: Work, units: float | None
     ) -> None:
+        """The probe (:meth:`probe`): its page decoded, then run once the engine is idle
+        (:meth:`_until_vacant`), so that it never shares the engine with a request admitted before
+        it, which was priced without it."""
         terms = Terms(BULK, PROBE_ORDER, EngineClass.BACKGROUND)
         try:
+            chunks = self.preprocessor.pages(source, info, [key[2]], EngineClass.BACKGROUND)
+            async with contextlib.aclosing(chunks):
+                (page,) = [page async for chunk in chunks for page in chunk]
+            if not await self._until_vacant():
+                log.info("probe of admission's cost model dropped: the engine was busy, and its pages teach the model")
+                return
             async with self.router.admit(terms, 1, work=work) as reservation:
-                chunks = self.preprocessor.pages(source, info, [key[2]], EngineClass.BACKGROUND)
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        for page in chunk:
-                            if (attempt := await self.pipeline.run(page, reservation, terms, units)).problem is None:
-                                self._probed[key] = attempt
+                if (attempt := await self.pipeline.run(page, reservation, terms, units)).problem is None:
+                    self._probed[key] = attempt
         except ProblemError as problem:  # the bulk lane full now: no probe, nobody waits on it
             log.info("probe of admission's cost model not run: %s", problem)
         finally:
             if isinstance(source, Path):
                 source.unlink(missing_ok=True)
+
+    async def _until_vacant(self) -> bool:
+        """Wait up to :data:`PROBE_IDLE_WAIT_S` for the router to be vacant (no request admitted, no
+        page in the engine: :attr:`~ocrserve.router.Router.vacant`), looking every
+        :data:`PROBE_IDLE_POLL_S`; whether it is."""
+        deadline = time.monotonic() + PROBE_IDLE_WAIT_S
+        while not self.router.vacant:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(PROBE_IDLE_POLL_S)
+        return True
 
     async def close(self) -> None:
         """Cancel a probe still running (:meth:`probe`)."""
@@ -399,6 +421,21 @@ def _copied(path: Path) -> Path:
     os.close(fd)
     shutil.copyfile(path, name)
     return Path(name)
+
+
+def _probing(lane: str, pages: int, page: int, page_s: float) -> Overloaded:
+    """503 ``deadline-unmeetable`` for a request of ``pages`` pages in ``lane`` that only the cost
+    model's margin for the unseen refused, whose page ``page`` (0-based) a probe now reads in about
+    ``page_s`` seconds (its bound alone, with the margin): ``Retry-After`` that, at least 1."""
+    wait = max(1, math.ceil(page_s))
+    return Overloaded(
+        f"the {lane} lane cannot promise {pages} page(s) within the request's timeout while it knows little of "
+        f"what pages like these cost; its page {page + 1} is being read meanwhile, at the lowest priority, to learn "
+        f"it, and kept for a retry of the same request from the same client: retry in {wait} s, or send it to be "
+        "done asynchronously (Prefer: respond-async, or POST /v1/jobs)",
+        slug="deadline-unmeetable",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def _admission_timeout(lane: str, why: str, wait: float) -> Overloaded:

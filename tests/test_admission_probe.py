@@ -5,6 +5,7 @@ loopback, the real ONNX engine)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import httpx
@@ -31,12 +32,14 @@ def test_a_document_refused_only_for_the_margin_on_an_idle_engine_has_its_first_
         assert probes(client) == 0
         # long enough for its pages without the margin, not with it: refused at once, its first page probed
         refused = post(round(0.9 * alone, 1))
-        body = assert_problem(refused, 503, r"even on an idle engine")
-        assert body["type"].endswith("/deadline-unmeetable") and int(refused.headers["retry-after"]) >= 1
+        body = assert_problem(refused, 503, r"its page 1 is being read meanwhile, at the lowest priority")
+        assert body["type"].endswith("/deadline-unmeetable") and body["detail"].endswith("POST /v1/jobs)")
+        # until its one page is read, by its bound alone with the margin: about half the document's
+        assert 1 <= int(refused.headers["retry-after"]) <= math.ceil(alone / 2 + 0.1)
         assert probes(client) == 1
         # the probe's page is in the engine (or decoding): not idle, so the same refusal probes nothing more
-        assert_problem(post(round(0.9 * alone, 1)), 503, r"deadline-unmeetable|even on an idle engine")
-        assert probes(client) == 1
+        again = assert_problem(post(round(0.9 * alone, 1)), 503, r"cannot finish 2 page\(s\)")
+        assert "being read meanwhile" not in again["detail"] and probes(client) == 1
         wait_for(lambda: engine_pages(client) == 1 and metric(client, "ocrserve_engine_slots_in_use") == 0)
         assert metric(client, "ocrserve_engine_pages_total", lane="bulk") == 1  # the lowest priority's lane
         assert metric(client, "ocrserve_pages_total", outcome="ok") == 0  # answered to nobody yet

@@ -681,23 +681,25 @@ class Router:
         """Whether a request asking ``work`` under ``terms``, just refused at its deadline, should
         have a page run as a probe of the cost model
         (:meth:`~ocrserve.service.OcrService.probe`): the model is warming
-        (:attr:`~ocrserve.servicetime.ServiceTime.warming`), no request is admitted and no page is
-        in the engine (none can finish and narrow the margin; requests waiting for admission price
-        the probe's page when they are admitted), and the request alone, priced without the margin
-        for what the model has not seen (:meth:`_bound`), would fit its deadline: only that margin
-        refused it.
-        The margin narrows only as pages finish, so a fresh gateway that refuses every document
-        sent to it never narrows it: beside a CPU hog, sixteen clients retrying 2-page dense
-        documents with a 40 s timeout were all refused to the end, on an idle engine that would
-        have read one in about 25 s."""
+        (:attr:`~ocrserve.servicetime.ServiceTime.warming`), the router is :attr:`vacant` (no page
+        can finish and narrow the margin, and no other request is on its way to admission: where
+        one refused for the requests ahead of it started a probe while the first of a burst was
+        being previewed, that one was then priced with the probe's page in the engine and refused,
+        and a burst of twelve 2-page documents of which one had been admitted got none in), and the
+        request alone, priced without the margin for what the model has not seen (:meth:`_bound`),
+        would fit its deadline: only that margin refused it. The margin narrows only as pages
+        finish, so a fresh gateway that refuses every document sent to it never narrows it: beside
+        a CPU hog, sixteen clients retrying 2-page dense documents with a 40 s timeout were all
+        refused to the end, on an idle engine that would have read one in about 25 s."""
         if terms.deadline is None or not self.service.warming or not self.vacant:
             return False
         return self.alone_s(work, terms.bursts and self.bursts, margin=False) <= terms.deadline.left()
 
     @property
     def vacant(self) -> bool:
-        """Whether no request is admitted and no page is in the engine."""
-        return not self._running and not any(lane.requests for lane in self.lanes.values())
+        """Whether no request is admitted or waiting for admission (being previewed, or waiting for
+        evidence) and no page is in the engine."""
+        return not (self._running or self._awaiting or any(lane.requests for lane in self.lanes.values()))
 
     def alone_s(self, work: Work, bursting: bool = False, margin: bool = True) -> float:
         """What admission would hold a request asking ``work`` to on an idle engine (its pages'

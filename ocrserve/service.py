@@ -30,12 +30,14 @@ without previews. Previewed again, the retries of eleven refused clients, every 
 took the cores from the engine's pages beside a CPU hog.
 
 A request refused at its deadline only for admission's margin for what its cost model has not
-seen, while nothing else is admitted, in the engine or waiting (:meth:`~ocrserve.router.Router.probe_wanted`),
-has its first page run as a probe (:meth:`OcrService.probe`), one at a time: at the lowest
-priority, without a deadline, so that the page's seconds teach the model and narrow the margin;
-the page's result is kept for that client's retry of the same content, which is then priced and
-run without it. Otherwise a fresh gateway sent only documents that the margin refuses never
-learns, and refuses them to the end on an idle engine. The refusal does not wait for the probe.
+seen, while no other request is admitted or on its way to admission and no page is in the engine
+(:meth:`~ocrserve.router.Router.probe_wanted`), has its first page run as a probe
+(:meth:`OcrService.probe`), one at a time: decoded, then run once the engine is still vacant, at
+the lowest priority and without a deadline, so that the page's seconds teach the model; the
+page's result is kept for that client's retry of the same content, which is then priced and run
+without it. Otherwise a fresh gateway sent only documents that the margin refuses never learns,
+and refuses them to the end on an idle engine. The refusal does not wait for the probe; it says
+when the page should be read (``Retry-After``).
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ log = logging.getLogger(__name__)
 COUNTS_KEPT = 1024
 #: Pages a probe read (module docstring) kept for their clients' retries.
 PROBED_KEPT = 64
-#: How long a probe's decoded page waits for the engine to be idle before it is dropped (the
+#: How long a probe's decoded page waits for the router to be vacant before it is dropped (the
 #: pages in the engine meanwhile teach the cost model), and how often it looks, seconds.
-PROBE_IDLE_WAIT_S, PROBE_IDLE_POLL_S = 30.0, 0.1
+PROBE_WAIT_S, PROBE_POLL_S = 30.0, 0.1
 #: Where a probe's page goes in the bulk lane's queue (lower first): after every request's, a
 #: job's least urgent included (``router.bulk.priority + jobs.max_priority``, at most 10 + 99).
 PROBE_ORDER = Priority(1 << 20)
@@ -281,7 +283,7 @@ class OcrService:
     async def _run_probe(
         self, source: Source, info: DocumentInfo, key: tuple[str, str, int], work: Work, units: float | None
     ) -> None:
-        """The probe (:meth:`probe`): its page decoded, then run once the engine is idle
+        """The probe (:meth:`probe`): its page decoded, then run once the router is vacant
         (:meth:`_until_vacant`), so that it never shares the engine with a request admitted before
         it, which was priced without it."""
         terms = Terms(BULK, PROBE_ORDER, EngineClass.BACKGROUND)
@@ -302,14 +304,14 @@ class OcrService:
                 source.unlink(missing_ok=True)
 
     async def _until_vacant(self) -> bool:
-        """Wait up to :data:`PROBE_IDLE_WAIT_S` for the router to be vacant (no request admitted, no
-        page in the engine: :attr:`~ocrserve.router.Router.vacant`), looking every
-        :data:`PROBE_IDLE_POLL_S`; whether it is."""
-        deadline = time.monotonic() + PROBE_IDLE_WAIT_S
+        """Wait up to :data:`PROBE_WAIT_S` for the router to be vacant (no request admitted or on
+        its way to admission, no page in the engine: :attr:`~ocrserve.router.Router.vacant`), looking every
+        :data:`PROBE_POLL_S`; whether it is."""
+        deadline = time.monotonic() + PROBE_WAIT_S
         while not self.router.vacant:
             if time.monotonic() >= deadline:
                 return False
-            await asyncio.sleep(PROBE_IDLE_POLL_S)
+            await asyncio.sleep(PROBE_POLL_S)
         return True
 
     async def close(self) -> None:

@@ -64,6 +64,9 @@ FIT_PAGES = 3
 RATIOS_KEPT = 64
 #: The quantile of those ratios admission multiplies its estimates by.
 UPPER_QUANTILE = 0.9
+#: The newest ratios whose centre the ratios' centre is kept at or above
+#: (:meth:`ServiceTime.centre`).
+NEWEST_RATIOS = 8
 #: Pages to see before the ratios alone set the factor (the 0.9 quantile of fewer is one of the
 #: largest few, which says little).
 ENOUGH_PAGES = 16
@@ -291,11 +294,27 @@ class ServiceTime:
         1.14 to 1.37 and refused a document that the engine would have finished in time."""
         if not self.ratios:
             return 1.0
-        centre = pseudo_median(self.ratios)
+        centre = self.centre()
         if len(self.ratios) < ENOUGH_PAGES:
             return max(1.0, centre)
         upper = nearest_rank(sorted(self.ratios), UPPER_QUANTILE)
         return max(1.0, centre + max(0.0, upper - centre) / math.sqrt(max(1.0, pages)))
+
+    def centre(self) -> float:
+        """Where the kept ratios of actual to predicted seconds centre (1 with none): their
+        pseudo-median (:func:`~ocrserve.quantiles.pseudo_median`), or the newest
+        :data:`NEWEST_RATIOS` ratios' where higher, so a change that makes pages run slower (a
+        kind of page the fit has not learned, a machine that got busier) moves it within a few
+        pages rather than after a third of the kept ones. On scans at several dpi on a fresh
+        gateway, a quiet machine, the first pages ran near their prediction and held the centre
+        there while the next ones ran 1.3 to 1.6 times theirs, and a client that retried after
+        its first refusal was admitted on that centre and answered after its timeout. Never
+        lower than all kept ratios' centre: a few pages running faster say less of the next than
+        a few running slower, whose cost a late answer pays."""
+        if not self.ratios:
+            return 1.0
+        newest = list(self.ratios)[-NEWEST_RATIOS:]
+        return max(pseudo_median(self.ratios), pseudo_median(newest))
 
     @property
     def warming(self) -> bool:
@@ -320,8 +339,7 @@ class ServiceTime:
         such a machine's over-run."""
         if not self.warming:
             return 1.0
-        centre = max(1.0, pseudo_median(self.ratios)) if self.ratios else 1.0
-        return centre * (1.0 + (UNSEEN_FACTOR - 1.0) / math.sqrt(len(self.ratios) + 1))
+        return max(1.0, self.centre()) * (1.0 + (UNSEEN_FACTOR - 1.0) / math.sqrt(len(self.ratios) + 1))
 
     def upper_factor(self, pages: float = 1.0) -> float:
         """What admission multiplies an estimate of ``pages`` pages by (module docstring):

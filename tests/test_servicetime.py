@@ -108,12 +108,27 @@ def test_over_runs_of_many_pages_together_narrow_towards_their_centre():
     """Ratios spread 0.8-1.6, pseudo-median 1.1: one page is bound at their 0.9 quantile, 16 pages
     together a quarter of the way from the centre to it (1 / sqrt(16))."""
     model = ServiceTime(initial_s=1.0)
-    model.ratios.extend([0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6] * 2)
+    spread = [0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+    model.ratios.extend(spread + spread[::-1])  # the newest near 1: the centre is all ratios'
     upper = sorted(model.ratios)[math.ceil(0.9 * 32) - 1]
     assert pseudo_median(model.ratios) == pytest.approx(1.1)
     assert model.over_run() == model.over_run(0.5) == model.upper_factor() == upper == 1.5
     assert model.over_run(16) == pytest.approx(1.1 + (1.5 - 1.1) / 4)
     assert model.upper_factor(4) == pytest.approx(1.3)
+
+
+def test_the_centre_follows_the_newest_pages_where_they_run_slower():
+    """Ten pages as predicted, then six 1.5 times over (a kind the fit has not learned): the centre
+    of all sixteen is still near 1.2, the newest eight's 1.5, and the margin is set by theirs; six
+    pages faster than predicted after ten as predicted leave the centre at all ratios'."""
+    model = ServiceTime(initial_s=1.0)
+    model.ratios.extend([1.0] * 10 + [1.5] * 6)
+    assert pseudo_median(model.ratios) < 1.3
+    assert model.centre() == pytest.approx(1.5) == model.over_run(100)
+    faster = ServiceTime(initial_s=1.0)
+    faster.ratios.extend([1.0] * 10 + [0.6] * 6)
+    assert faster.centre() == pseudo_median(faster.ratios) > 0.6
+    assert ServiceTime(initial_s=1.0).centre() == 1.0
 
 
 def test_ratios_in_two_groups_do_not_flip_the_margin_with_one_page():

@@ -694,6 +694,29 @@ async def test_failing_page_fails_alone_and_teaches_no_page_time(make_router):
     assert router.service.measured == 2
 
 
+async def test_pages_of_a_request_side_by_side_in_the_engine_are_learned_together(make_router):
+    """A blank page leaves the engine long before the text page of its request beside it: it is
+    held, and no evidence is given, until the text page leaves; then both are learned at once, at
+    their summed share split by their predictions (the prior's: equal halves)."""
+    router = make_router(slot_overcommit=1.0, initial_page_s=1.0)
+    evidence = router._evidence
+    async with router.admit(request := terms(router, BULK, 2), 2) as reservation:
+        empty = asyncio.create_task(router.submit(blank(1), reservation, request))
+        await wait_until(lambda: router.in_flight == 1)
+        text = asyncio.create_task(router.submit(text_page(0), reservation, request))
+        await wait_until(lambda: router.in_flight == 2)
+        await empty
+        await wait_until(lambda: router.in_flight == 1)
+        assert not text.done() and router.service.measured == 0 and not evidence.is_set()
+        ((blank_work, blank_share),) = router._unlearned[(reservation, False)]
+        await text
+    await wait_until(lambda: router.service.measured == 2)
+    assert evidence.is_set() and not router._unlearned
+    # fitted to the same seconds, the two pages are priced alike, each above the blank page's own share
+    blank_s, text_s = (router.service.seconds(work) for work in (blank_work, router.page_work(text_page(0))))
+    assert blank_s == pytest.approx(text_s, rel=0.05) and blank_s > 1.2 * blank_share
+
+
 @pytest.mark.slow
 async def test_calibration_teaches_the_service_time_model_what_text_costs(make_router):
     """Three synthetic pages at start (a line, a full letter page, the letter page with one line)

@@ -1157,7 +1157,7 @@ class Router:
         shares 7.1 and 17.7 s against 9.7 and 9.3 s predicted, 24.8 s together against 19.0. Learned
         page by page, the first to leave of a fresh gateway's first document (6.0 s against 8.7 s)
         halved the model's seconds per line unit before the other left, and a retrying client was
-        admitted on that at 14.5 s of work, ran 30 s and was answered after its 45 s timeout."""
+        admitted on that at 14.5 s of work, ran about 30 s and was answered 504 at its 45-s timeout."""
         key = (ticket.reservation, ticket.interactive)
         held = self._unlearned.setdefault(key, [])
         if share is not None:

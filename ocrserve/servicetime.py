@@ -22,7 +22,7 @@ Admission does not trust the mean alone (:meth:`ServiceTime.upper_factor`): each
 seconds over what the model predicted for it before it finished are kept (the last
 :data:`RATIOS_KEPT`; none for the first :data:`FIT_PAGES`, whose predictions are the prior's or an
 underdetermined fit's and say nothing of how far the fit is off), and estimates are multiplied by
-their :data:`UPPER_QUANTILE` quantile, drawn towards their centre (pseudo-median) for many pages
+their :data:`UPPER_QUANTILE` quantile, drawn towards their centre (:meth:`ServiceTime.centre`) for many pages
 together (their centre, and at least a margin for what the model has not seen until
 :data:`ENOUGH_PAGES` have been kept: :data:`UNSEEN_FACTOR` before the first, then their centre
 times a factor narrowing from it with their number): wide while the model knows little,

@@ -392,7 +392,7 @@ class Router:
         self._latency_overruns: deque[float] = deque(maxlen=RATIOS_KEPT)
         self._arrivals = itertools.count()  # requests in the order they came to admission
         self._awaiting: list[Awaiting] = []  # requests being previewed or waiting for evidence
-        self._evidence = asyncio.Event()  # set (and replaced) when a finished page teaches the model
+        self._evidence = asyncio.Event()  # set (and replaced) when finished pages teach the model (_learn)
         self._unlearned: dict[tuple[Reservation, bool], list[tuple[Work, float]]] = {}  # :meth:`_learn`
         self.service = ServiceTime(cfg.initial_page_s)  # a page's share of them by its work
         self.interactive_service = self.service  # an interactive page's, where the engine runs those apart
@@ -853,16 +853,17 @@ class Router:
     ) -> Readings | None:
         """Wait, for up to ``wait_s`` (:meth:`_evidence_wait_s`), while only the cost model's
         margin for what it has not seen (:meth:`~ocrserve.servicetime.ServiceTime.prior_margin`)
-        would refuse a request: each page that finishes narrows the margin and shortens the work
-        ahead, so the request is then priced again. Ends once its bound (:meth:`bound_s`) fits its
+        would refuse a request: each page that finishes shortens the work ahead, and once it is
+        learned (:meth:`_learn`: with the pages of its request beside it) narrows the margin, so
+        the request is then priced again. Ends once its bound (:meth:`bound_s`) fits its
         deadline, once even the bound without the margin does not, once the model is warm, once
         no page is ahead of it or in the engine (none can finish), or once no page is expected to
         finish before the time is up (:meth:`next_page_s`, by the model's own prediction).
         Meanwhile its work counts ahead of the requests that arrive after it.
 
-        Returns None where a page finished while it waited, else the share clock's reading when
+        Returns None where pages were learned while it waited, else the share clock's reading when
         it began: :meth:`admit` then prices the pages in the engine as they were then
-        (:meth:`in_engine_s`). Only a finished page is evidence: the model's own count of the
+        (:meth:`in_engine_s`). Only a learned page is evidence: the model's own count of the
         engine's progress while nothing finished is what the margin doubts. Re-pricing on it, a
         cold gateway beside a CPU hog let in a 2-page document after a full 5-s wait in which no
         page finished, and answered it 504 at 57.55 s of its 57.5. A first burst arrives before

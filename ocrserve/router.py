@@ -683,7 +683,8 @@ class Router:
         have a page run as a probe of the cost model
         (:meth:`~ocrserve.service.OcrService.probe`): the model is warming
         (:attr:`~ocrserve.servicetime.ServiceTime.warming`), the router is :attr:`vacant` (no page
-        can finish and narrow the margin, and no other request is on its way to admission: where
+        can finish and narrow the margin, no other client's request shares the engine and would
+        slow the probe's page, and no other request is on its way to admission: where
         one refused for the requests ahead of it started a probe while the first of a burst was
         being previewed, that one was then priced with the probe's page in the engine and refused,
         and a burst of twelve 2-page documents of which one had been admitted got none in), and the
@@ -699,8 +700,11 @@ class Router:
     @property
     def vacant(self) -> bool:
         """Whether no request is admitted or waiting for admission (being previewed, or waiting for
-        evidence) and no page is in the engine."""
-        return not (self._running or self._awaiting or any(lane.requests for lane in self.lanes.values()))
+        evidence) and no page, ours or another client's
+        (:meth:`~ocrserve.engines.base.Engine.others_inside`), is in the engine."""
+        if self._running or self._awaiting or any(lane.requests for lane in self.lanes.values()):
+            return False
+        return not self.engine.others_inside()
 
     def alone_s(self, work: Work, bursting: bool = False, margin: bool = True) -> float:
         """What admission would hold a request asking ``work`` to on an idle engine (its pages'

@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ocrserve.bench.harness import free_port
 from ocrserve.engine_server import REPLICA_HEADER
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
+from ocrserve.config import load_config
 from ocrserve.engines.vllm import Replica as VllmReplica
-from ocrserve.engines.vllm import read_vllm_metrics, server_root
+from ocrserve.engines.vllm import VllmEngine, read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1
 from ocrserve.models import REGISTRY, get_model
 from ocrserve.pages import Page
@@ -341,11 +342,26 @@ def test_inference_time_between_polls_prices_other_clients_queue():
     replica.record_load(read_vllm_metrics(exposition(34.0, 6, 4, 6)))  # 2 requests, 24 s
     assert replica.request_s == 12.0
     # 10 requests in vLLM, 2 of them ours: the 6 waiting are others'; 6 x 12 s over a batch of 4
-    assert replica.foreign_waiting() == 6 and replica.drain_s() == 18.0
+    assert replica.foreign() == 8 and replica.foreign_waiting() == 6 and replica.drain_s() == 18.0
     replica.outstanding = 8  # ours fill the batch and wait there too: 2 of the waiting are others'
-    assert replica.foreign_waiting() == 2 and replica.drain_s() == 6.0
+    assert replica.foreign() == 2 and replica.foreign_waiting() == 2 and replica.drain_s() == 6.0
     replica.record_load(read_vllm_metrics(exposition(1.0, 1, 0, 0)))  # vLLM restarted: counters anew
     assert replica.request_s == 12.0 and replica.inference_seen == (1.0, 1.0)
+
+
+def test_other_clients_requests_running_in_vllm_count_as_inside_it():
+    """Other clients' requests that vLLM runs, not only those it queues, are inside the engine (the
+    router is not vacant beside them, and runs no probe there); a replica that is down counts none."""
+    engine = VllmEngine(
+        load_config("prod", ["engine.vllm.base_urls=[http://gpu1:8001,http://gpu2:8001]", "vllm.max_num_seqs=4"])
+    )
+    up, down = engine.replicas
+    up.up, up.outstanding, down.outstanding = True, 1, 0
+    up.record_load({"running": 3.0, "waiting": 0.0})
+    down.record_load({"running": 5.0, "waiting": 2.0})
+    assert engine.queued_inside() == (0, None) and engine.others_inside() == 2.0
+    up.outstanding = 3  # all running there are ours
+    assert engine.others_inside() == 0.0
 
 
 # --- a replica that was up and is gone ---------------------------------------------------------

@@ -147,6 +147,11 @@ class Engine(abc.ABC):
         """
         return 0.0, None
 
+    def others_inside(self) -> float:
+        """Requests others have in the engine, waiting or running: none in the embedded engine (the
+        router owns all its slots); the vLLM engine counts other clients' requests in vLLM."""
+        return 0.0
+
     def unready(self) -> Unready | None:
         """Why the engine takes no pages now, or None while it is ``ready``. An embedded engine is
         only ever loading; the vLLM engine names its replicas and how long each has been down."""

@@ -170,10 +170,14 @@ class Replica:
             self.request_s = (seen[0] - self.inference_seen[0]) / finished
         self.inference_seen = seen
 
+    def foreign(self) -> float:
+        """Requests in vLLM, waiting or running, that are not this gateway's: vLLM's requests less
+        this gateway's ``outstanding`` ones (last poll)."""
+        return max(0.0, self.running + self.waiting - self.outstanding)
+
     def foreign_waiting(self) -> float:
-        """Requests waiting in vLLM's queue that are not this gateway's: vLLM's requests less this
-        gateway's ``outstanding`` ones, at most its ``waiting`` (last poll)."""
-        return min(self.waiting, max(0.0, self.running + self.waiting - self.outstanding))
+        """The :meth:`foreign` requests waiting in vLLM's queue: at most its ``waiting`` (last poll)."""
+        return min(self.waiting, self.foreign())
 
     def drain_s(self) -> float | None:
         """Seconds until vLLM has started every :meth:`foreign_waiting` request: that many, each
@@ -263,6 +267,11 @@ class VllmEngine(Engine):
             return queued, None
         drains += [r.request_s / max(1.0, r.running) for r in full]
         return queued, max(drains)
+
+    def others_inside(self) -> float:
+        """Other clients' requests in the replicas that are up, waiting or running
+        (:meth:`Replica.foreign`, last poll)."""
+        return sum(r.foreign() for r in self.replicas if r.up)
 
     async def start(self) -> None:
         """Poll every replica once, then keep polling in the background.

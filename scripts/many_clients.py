@@ -64,7 +64,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,10 +99,14 @@ class Outcome:
     retry_after: str | None = None
     posts: int = 1
     problem: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
 
-def post(url: str, mix: PageMix, client: str, timeout: float | None = None, priority: str | None = None) -> Outcome:
-    """POST the mix's document to ``/v1/ocr`` as ``client`` and wait for the answer."""
+def post(
+    url: str, mix: PageMix, client: str, timeout: float | None = None, priority: str | None = None, timed: bool = False
+) -> Outcome:
+    """POST the mix's document to ``/v1/ocr`` as ``client`` and wait for the answer; where
+    ``timed``, an answered page's server-side timings (its first page's) come with it."""
     form = {key: str(value) for key, value in (("timeout", timeout), ("priority", priority)) if value}
     started = time.monotonic()
     try:
@@ -119,7 +123,8 @@ def post(url: str, mix: PageMix, client: str, timeout: float | None = None, prio
     if response.headers.get("content-type", "").startswith("application/problem+json"):
         problem = str(response.json().get("type", "")).rsplit("/", 1)[-1] or None
     seconds, retry_after = time.monotonic() - started, response.headers.get("retry-after")
-    return Outcome(response.status_code, seconds, retry_after, problem=problem)
+    timings = response.json()["pages"][0]["timings"] if timed and response.status_code == 200 else {}
+    return Outcome(response.status_code, seconds, retry_after, problem=problem, timings=timings)
 
 
 def retrying(send: Callable[[float], Outcome], budget: float) -> tuple[Outcome, list[Outcome]]:
@@ -407,6 +412,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: The gateway's timings of a page that :func:`parts` splits a small page's seconds into.
+PARTS = ("queue_s", "preprocess_s", "engine_s")
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
@@ -448,11 +457,24 @@ def late(outcomes: list[Outcome]) -> int:
     return sum(o.status >= 500 and o.status != 503 for o in outcomes)
 
 
+def parts(outcomes: list[Outcome]) -> dict[str, float] | None:
+    """Where answered pages' seconds went, on average over ``outcomes`` (None for none): the
+    gateway's ``queue_s`` (in the router and the engine's queue), ``preprocess_s`` and
+    ``engine_s``, and ``other_s``, the rest of what the client waited (upload, inspection,
+    admission, the answer's assembly and its way back)."""
+    if not outcomes:
+        return None
+    means = {key: statistics.mean(o.timings.get(key, 0.0) for o in outcomes) for key in PARTS}
+    means["other_s"] = statistics.mean(o.seconds for o in outcomes) - sum(means.values())
+    return {key: round(value, 3) for key, value in means.items()}
+
+
 def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     """The small page's latency under a flood of ``mix`` documents (see the module's docstring)."""
     small = PageMix("phototest", "", None, (), PHOTOTEST.read_bytes(), "s.tif")
     post(url, small, "small")  # warm-up: the first request after start pays one-time costs
-    idle = [o.seconds for o in (post(url, small, "small") for _ in range(20)) if o.status == 200]
+    idle_outcomes = [o for o in (post(url, small, "small", timed=True) for _ in range(20)) if o.status == 200]
+    idle = [o.seconds for o in idle_outcomes]
     stop, flood, loaded = threading.Event(), [], []
 
     def client(name: str) -> None:
@@ -467,7 +489,7 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         thread.start()
     started = time.monotonic()
     while time.monotonic() - started < args.seconds:
-        loaded.append(post(url, small, "small"))
+        loaded.append(post(url, small, "small", timed=True))
         time.sleep(max(0.0, args.interval - loaded[-1].seconds))
     stop.set()
     for thread in threads:
@@ -486,6 +508,8 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "small_idle_p95_s": round(p95(idle), 3) if idle else None,
         "small_median_s": round(statistics.median(answered), 3) if answered else None,
         "small_p95_s": round(p95(answered), 3) if answered else None,
+        "small_idle_parts_s": parts(idle_outcomes),
+        "small_slowest_parts_s": parts([o for o in loaded if o.status == 200 and o.seconds >= p95(answered)]),
         "small_requests": len(loaded),
         "small_answered": len(answered),
         "small_refused": len(small_refused),
@@ -522,6 +546,12 @@ def print_mixed(case: dict, mix: PageMix) -> None:
         f"{within(case, 'small_')} ({case['small_refused_with_retry_after']} with Retry-After), "
         f"late {case['small_late']}"
     )
+    for name, where in (
+        ("idle", case["small_idle_parts_s"]),
+        ("the slowest 5% under load", case["small_slowest_parts_s"]),
+    ):
+        if where:
+            print(f"  small page's seconds, {name}, on average: " + ", ".join(f"{k} {v:.3f}" for k, v in where.items()))
     accepted = max(case["flood_accepted"], 1)
     print(
         f"  flood requests: {case['flood_requests']}, refused {case['flood_refused']}"

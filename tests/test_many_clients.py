@@ -104,3 +104,12 @@ def test_cold_and_matrix_start_their_own_gateways():
         many_clients.parse(["documents", "--start", "cold", "--url", "http://127.0.0.1:1"])
     with pytest.raises(SystemExit):
         many_clients.parse(["matrix", "--mixes", "dense,nonesuch"])
+
+
+def test_a_small_pages_seconds_split_into_the_gateways_timings_and_the_rest():
+    outcomes = [
+        Outcome(200, 1.0, timings={"queue_s": 0.1, "preprocess_s": 0.2, "engine_s": 0.5, "det_s": 0.3}),
+        Outcome(200, 2.0, timings={"queue_s": 0.5, "preprocess_s": 0.2, "engine_s": 0.7}),
+    ]
+    assert many_clients.parts(outcomes) == {"queue_s": 0.3, "preprocess_s": 0.2, "engine_s": 0.6, "other_s": 0.4}
+    assert many_clients.parts([]) is None

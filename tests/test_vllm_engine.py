@@ -19,9 +19,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrserve.bench.harness import free_port
+from ocrserve.config import load_config
 from ocrserve.engine_server import REPLICA_HEADER
 from ocrserve.engines.chat import CLEANERS, completion_request, image_data_uri, read_reply
-from ocrserve.config import load_config
 from ocrserve.engines.vllm import Replica as VllmReplica
 from ocrserve.engines.vllm import VllmEngine, read_vllm_metrics, server_root
 from ocrserve.evaluation import bag_f1

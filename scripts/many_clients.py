@@ -495,6 +495,8 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     for thread in threads:
         thread.join()
     answered = [o.seconds for o in loaded if o.status == 200]
+    loaded_p95 = p95(answered) if answered else None
+    slowest_5 = [o for o in loaded if o.status == 200 and o.seconds >= loaded_p95] if answered else []
     small_refused, flood_refused = refusals(loaded), refusals(flood)
     return {
         "scenario": "mixed",
@@ -507,9 +509,9 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "priority": args.priority,
         "small_idle_p95_s": round(p95(idle), 3) if idle else None,
         "small_median_s": round(statistics.median(answered), 3) if answered else None,
-        "small_p95_s": round(p95(answered), 3) if answered else None,
+        "small_p95_s": None if loaded_p95 is None else round(loaded_p95, 3),
         "small_idle_parts_s": parts(idle_outcomes),
-        "small_slowest_parts_s": parts([o for o in loaded if o.status == 200 and o.seconds >= p95(answered)]),
+        "small_slowest_parts_s": parts(slowest_5),
         "small_requests": len(loaded),
         "small_answered": len(answered),
         "small_refused": len(small_refused),

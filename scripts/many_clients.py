@@ -24,7 +24,7 @@ each case ends, then a markdown table.
 ``mixed``: ``--clients`` clients post the document in a loop (a refused one waits its
 ``Retry-After``, as a well-behaved client does; ``--priority bulk`` marks them bulk) while one more
 client posts a single small page every ``--interval`` seconds; reported: the small page's median
-and p95 against its idle p95 (measured first), the refusals (503 or 429, and how long the slowest
+and p95 against its idle p95 (timed before the flood and after it), the refusals (503 or 429, and how long the slowest
 took) and late answers (504, or any 5xx but 503) of the flood and of the small page.
 
 The document: ``--mix`` (``ocrserve/bench/page_mixes.py``: phototest, dense, receipts, cjk,
@@ -86,6 +86,9 @@ ALONE_S = 30.0
 LEAST_RETRY_S = 3.0
 #: The mixes of a matrix by default.
 MATRIX_MIXES = "dense,receipts,cjk,scans,rotated"
+#: Small pages timed idle before the flood, and again after it (``mixed``): the machine's speed
+#: drifts by a tenth between minutes, and 20 before alone left the idle p95 on its slowest one or two.
+IDLE_PAGES = 20
 
 
 @dataclass(frozen=True)
@@ -469,12 +472,17 @@ def parts(outcomes: list[Outcome]) -> dict[str, float] | None:
     return {key: round(value, 3) for key, value in means.items()}
 
 
+def idle_pages(url: str, small: PageMix) -> list[Outcome]:
+    """:data:`IDLE_PAGES` small pages posted one after another, those answered 200, timed."""
+    return [o for o in (post(url, small, "small", timed=True) for _ in range(IDLE_PAGES)) if o.status == 200]
+
+
 def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
-    """The small page's latency under a flood of ``mix`` documents (see the module's docstring)."""
+    """The small page's latency under a flood of ``mix`` documents (see the module's docstring);
+    its idle p95 is over :data:`IDLE_PAGES` small pages before the flood and as many after it."""
     small = PageMix("phototest", "", None, (), PHOTOTEST.read_bytes(), "s.tif")
     post(url, small, "small")  # warm-up: the first request after start pays one-time costs
-    idle_outcomes = [o for o in (post(url, small, "small", timed=True) for _ in range(20)) if o.status == 200]
-    idle = [o.seconds for o in idle_outcomes]
+    before = idle_pages(url, small)
     stop, flood, loaded = threading.Event(), [], []
 
     def client(name: str) -> None:
@@ -494,6 +502,9 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     stop.set()
     for thread in threads:
         thread.join()
+    after = idle_pages(url, small)
+    idle_outcomes = before + after
+    idle = [o.seconds for o in idle_outcomes]
     answered = [o.seconds for o in loaded if o.status == 200]
     loaded_p95 = p95(answered) if answered else None
     slowest_5 = [o for o in loaded if o.status == 200 and o.seconds >= loaded_p95] if answered else []
@@ -508,6 +519,9 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         "interval": args.interval,
         "priority": args.priority,
         "small_idle_p95_s": round(p95(idle), 3) if idle else None,
+        "small_idle_before_p95_s": round(p95([o.seconds for o in before]), 3) if before else None,
+        "small_idle_after_p95_s": round(p95([o.seconds for o in after]), 3) if after else None,
+        "small_idle_pages": len(idle),
         "small_median_s": round(statistics.median(answered), 3) if answered else None,
         "small_p95_s": None if loaded_p95 is None else round(loaded_p95, 3),
         "small_idle_parts_s": parts(idle_outcomes),
@@ -542,8 +556,9 @@ def print_mixed(case: dict, mix: PageMix) -> None:
     under = "none answered 200" if loaded is None else f"median {case['small_median_s']:.2f} s, p95 {loaded:.2f} s"
     if idle and loaded is not None:
         under += f" ({loaded / idle:.2f}x idle: {loaded:.2f} s vs {idle:.2f} s)"
+    sides = f" (before the flood {case['small_idle_before_p95_s']} s, after {case['small_idle_after_p95_s']} s)"
     print(
-        f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}; under load {under}; "
+        f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}{sides}; under load {under}; "
         f"{case['small_requests']} sent, {case['small_answered']} answered 200, {case['small_refused']} refused"
         f"{within(case, 'small_')} ({case['small_refused_with_retry_after']} with Retry-After), "
         f"late {case['small_late']}"

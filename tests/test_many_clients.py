@@ -1,7 +1,10 @@
-"""``scripts/many_clients.py`` without a gateway: how a burst's answers are counted, the matrix's
-table, the CPU hog it starts and stops, and its one-line exit where the corpus is missing."""
+"""``scripts/many_clients.py``: how a burst's answers are counted, the matrix's table, the CPU hog
+it starts and stops, and its one-line exit where the corpus is missing, without a gateway; the
+``mixed`` scenario against the session's gateway."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
@@ -113,3 +116,13 @@ def test_a_small_pages_seconds_split_into_the_gateways_timings_and_the_rest():
     ]
     assert many_clients.parts(outcomes) == {"queue_s": 0.3, "preprocess_s": 0.2, "engine_s": 0.6, "other_s": 0.4}
     assert many_clients.parts([]) is None
+
+
+def test_the_small_pages_idle_p95_is_timed_before_the_flood_and_after_it(gateway, monkeypatch):
+    monkeypatch.setattr(many_clients, "IDLE_PAGES", 3)
+    args = argparse.Namespace(clients=1, seconds=2.0, interval=0.5, priority="bulk", hog=0, pages=1)
+    case = many_clients.mixed(gateway.url, many_clients.build_mix("phototest", 1), args)
+    assert case["small_idle_pages"] == 6  # 3 before, 3 after, all answered
+    assert min(case["small_idle_before_p95_s"], case["small_idle_after_p95_s"], case["small_idle_p95_s"]) > 0
+    assert case["small_answered"] >= 1 and case["small_late"] == 0 and case["flood_late"] == 0
+    assert set(case["small_idle_parts_s"]) == {*many_clients.PARTS, "other_s"}

@@ -24,8 +24,9 @@ each case ends, then a markdown table.
 ``mixed``: ``--clients`` clients post the document in a loop (a refused one waits its
 ``Retry-After``, as a well-behaved client does; ``--priority bulk`` marks them bulk) while one more
 client posts a single small page every ``--interval`` seconds; reported: the small page's median
-and p95 against its idle p95 (timed before the flood and after it), the refusals (503 or 429, and how long the slowest
-took) and late answers (504, or any 5xx but 503) of the flood and of the small page.
+and p95 against its idle p95 (timed before the flood and after it), the refusals (503 or 429, and
+how long the slowest took) and late answers (504, or any 5xx but 503) of the flood and of the
+small page.
 
 The document: ``--mix`` (``ocrserve/bench/page_mixes.py``: phototest, dense, receipts, cjk,
 scans, rotated, mixed), ``--pages`` pages of corpus pages from one side of ``--split`` and synthetic
@@ -545,6 +546,11 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     }
 
 
+def seconds(value: float | None) -> str:
+    """``1.23 s``, or ``-`` where there is no figure."""
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def print_mixed(case: dict, mix: PageMix) -> None:
     bulk = f" with priority={case['priority']}" if case["priority"] else ""
     print(
@@ -556,9 +562,10 @@ def print_mixed(case: dict, mix: PageMix) -> None:
     under = "none answered 200" if loaded is None else f"median {case['small_median_s']:.2f} s, p95 {loaded:.2f} s"
     if idle and loaded is not None:
         under += f" ({loaded / idle:.2f}x idle: {loaded:.2f} s vs {idle:.2f} s)"
-    sides = f" (before the flood {case['small_idle_before_p95_s']} s, after {case['small_idle_after_p95_s']} s)"
+    before, after = seconds(case["small_idle_before_p95_s"]), seconds(case["small_idle_after_p95_s"])
+    sides = f"before the flood {before}, after {after}"
     print(
-        f"  small page: idle p95 {'-' if idle is None else f'{idle:.2f} s'}{sides}; under load {under}; "
+        f"  small page: idle p95 {seconds(idle)} ({sides}); under load {under}; "
         f"{case['small_requests']} sent, {case['small_answered']} answered 200, {case['small_refused']} refused"
         f"{within(case, 'small_')} ({case['small_refused_with_retry_after']} with Retry-After), "
         f"late {case['small_late']}"

@@ -16,7 +16,10 @@ import pytest
 
 from ocrserve.bench.harness import REPO, LocalGateway, free_port, stop_group, wait_until_200
 from ocrserve.evaluation import locate_corpus
-from tests.needs import pytest_collection_modifyitems  # noqa: F401 (hook: the slow tier skips)
+from tests.needs import (
+    corpus_missing,
+    pytest_collection_modifyitems,  # noqa: F401 (hook: the slow tier skips)
+)
 from tests.skips import pytest_collectreport, pytest_runtest_logreport  # noqa: F401 (hooks: the skip report)
 
 DATA = Path(__file__).parent / "data"
@@ -112,7 +115,7 @@ def corpus() -> Path:
     """``../shared/corpus`` (or ``$OCRSERVE_CORPUS``); skips the test where it is absent."""
     path = locate_corpus()
     if path is None:
-        pytest.skip("corpus not found at ../shared/corpus (set OCRSERVE_CORPUS); these tests need the real documents")
+        pytest.skip(corpus_missing())
     return path
 
 

@@ -1,5 +1,5 @@
-"""What a test needs beyond the ``test`` extra — a Debian program, or the time of the slow tier —
-found or skipped with the reason that names how to get it.
+"""What a test needs beyond the ``test`` extra — a Debian program, the corpus, or the time of the
+slow tier — found or skipped with the reason that names how to get it.
 
 ``OCRSERVE_TEST_WITHOUT`` (comma-separated program names, e.g. ``redis-server,chromium``) makes
 these look-ups report the programs named as absent. CI's first run sets it for the programs its
@@ -21,10 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from ocrserve.evaluation import CORPUS_ENV
+
 #: The environment variable naming the programs to treat as absent.
 WITHOUT_ENV = "OCRSERVE_TEST_WITHOUT"
 #: The environment variable that runs the tests marked ``slow`` (``1``).
 SLOW_ENV = "OCRSERVE_TEST_SLOW"
+
+
+def corpus_missing() -> str:
+    """Why a test of the corpus skips: where it was looked for (``$OCRSERVE_CORPUS`` where set,
+    else ``../shared/corpus``, :func:`~ocrserve.evaluation.locate_corpus`) and how to point at it."""
+    return f"corpus not found at {os.environ.get(CORPUS_ENV) or '../shared/corpus'} (set {CORPUS_ENV} to its folder)"
 
 
 def hidden(name: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ocrserve.evaluation import load_index, locate_corpus, score
+from tests.needs import corpus_missing
 
 CORPUS = locate_corpus()
 DOCUMENTS = [d for d in load_index(CORPUS) if d.scored] if CORPUS else []
@@ -29,7 +30,7 @@ CASES = [pytest.param(d, id=d.file) for d in DOCUMENTS] or [
     pytest.param(
         None,
         id="corpus-missing",
-        marks=pytest.mark.skip(reason="corpus not found at ../shared/corpus (set OCRSERVE_CORPUS to its folder)"),
+        marks=pytest.mark.skip(reason=corpus_missing()),
     )
 ]
 

@@ -20,9 +20,10 @@ from ocrserve.evaluation import (
     score,
     tokens,
 )
+from tests.needs import corpus_missing
 
 CORPUS = locate_corpus()
-needs_corpus = pytest.mark.skipif(CORPUS is None, reason="../shared/corpus is absent (set OCRSERVE_CORPUS)")
+needs_corpus = pytest.mark.skipif(CORPUS is None, reason=corpus_missing())
 
 
 # --- CER -------------------------------------------------------------------------------------

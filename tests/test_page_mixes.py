@@ -18,11 +18,10 @@ from ocrserve.bench.page_mixes import (
 from ocrserve.config import PreprocessConfig
 from ocrserve.evaluation import load_index, locate_corpus
 from ocrserve.preprocess import DecodeFailure, decode_pages, inspect_document
+from tests.needs import corpus_missing
 
 CORPUS = locate_corpus()
-needs_corpus = pytest.mark.skipif(
-    CORPUS is None, reason="corpus not found at ../shared/corpus (set OCRSERVE_CORPUS to its folder)"
-)
+needs_corpus = pytest.mark.skipif(CORPUS is None, reason=corpus_missing())
 #: The mixes built from the corpus (all but phototest).
 CORPUS_MIXES = [m for m in MIXES if m != "phototest"]
 

@@ -114,8 +114,17 @@ class Score:
         return self.cer if self.metric == CER else self.bag_f1
 
 
+def corpus_path(repo_root: Path | None = None) -> Path:
+    """Where the corpus is looked for: ``$OCRSERVE_CORPUS``, else ``../shared/corpus`` beside the
+    repository (``repo_root``, by default the one holding this package), there or not."""
+    env = os.environ.get(CORPUS_ENV)
+    if env:
+        return Path(env)
+    return (repo_root or Path(__file__).resolve().parent.parent).parent / "shared" / "corpus"
+
+
 def locate_corpus(repo_root: Path | None = None) -> Path | None:
-    """Where the corpus is: ``$OCRSERVE_CORPUS``, else ``../shared/corpus`` beside the repository.
+    """Where the corpus is (:func:`corpus_path`).
 
     Args:
         repo_root: the repository root; defaults to the one holding this package.
@@ -123,12 +132,7 @@ def locate_corpus(repo_root: Path | None = None) -> Path | None:
     Returns:
         The corpus directory (it holds ``index.json``), or None when it is absent.
     """
-    env = os.environ.get(CORPUS_ENV)
-    if env:
-        candidate = Path(env)
-    else:
-        root = repo_root or Path(__file__).resolve().parent.parent
-        candidate = root.parent / "shared" / "corpus"
+    candidate = corpus_path(repo_root)
     return candidate if (candidate / "index.json").is_file() else None
 
 

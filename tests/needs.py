@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrserve.evaluation import CORPUS_ENV
+from ocrserve.evaluation import CORPUS_ENV, corpus_path
 
 #: The environment variable naming the programs to treat as absent.
 WITHOUT_ENV = "OCRSERVE_TEST_WITHOUT"
@@ -30,9 +30,9 @@ SLOW_ENV = "OCRSERVE_TEST_SLOW"
 
 
 def corpus_missing() -> str:
-    """Why a test of the corpus skips: where it was looked for (``$OCRSERVE_CORPUS`` where set,
-    else ``../shared/corpus``, :func:`~ocrserve.evaluation.locate_corpus`) and how to point at it."""
-    return f"corpus not found at {os.environ.get(CORPUS_ENV) or '../shared/corpus'} (set {CORPUS_ENV} to its folder)"
+    """Why a test of the corpus skips: where it was looked for
+    (:func:`~ocrserve.evaluation.corpus_path`) and how to point at it."""
+    return f"corpus not found at {corpus_path()} (set {CORPUS_ENV} to its folder)"
 
 
 def hidden(name: str) -> bool:

@@ -37,7 +37,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ocrserve.bench.harness import REPO
 from ocrserve.config import PreprocessConfig
-from ocrserve.evaluation import CORPUS_ENV, load_index
+from ocrserve.evaluation import CORPUS_ENV, corpus_path, load_index
 from ocrserve.preprocess import inspect_document
 
 #: Every mix :func:`build_mix` knows, the default first.
@@ -243,9 +243,7 @@ def build_mix(name: str, pages: int, *, split: str = "held-out", seed: int = 1, 
     if name == "phototest":
         return _phototest(pages)
     if corpus is None:
-        raise CorpusMissing(
-            f"the {name} mix needs the corpus: none at ../shared/corpus; set {CORPUS_ENV} to its folder"
-        )
+        raise CorpusMissing(f"the {name} mix needs the corpus: none at {corpus_path()}; set {CORPUS_ENV} to its folder")
     sources = _Sources(corpus, split)
     rng = random.Random(seed)
     drawn = [_draw(name, rng, sources) for _ in range(pages)]

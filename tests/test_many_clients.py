@@ -120,9 +120,10 @@ def test_a_small_pages_seconds_split_into_the_gateways_timings_and_the_rest():
 
 def test_the_small_pages_idle_p95_is_timed_before_the_flood_and_after_it(gateway, monkeypatch):
     monkeypatch.setattr(many_clients, "IDLE_PAGES", 3)
-    args = argparse.Namespace(clients=1, seconds=2.0, interval=0.5, priority="bulk", hog=0, pages=1)
+    args = argparse.Namespace(clients=1, seconds=2.0, interval=0.5, priority="bulk", hog=0, pages=1, flood_nice=19)
     case = many_clients.mixed(gateway.url, many_clients.build_mix("phototest", 1), args)
     assert case["small_idle_pages"] == 6  # 3 before, 3 after, all answered
     assert min(case["small_idle_before_p95_s"], case["small_idle_after_p95_s"], case["small_idle_p95_s"]) > 0
     assert case["small_answered"] >= 1 and case["small_late"] == 0 and case["flood_late"] == 0
+    assert case["flood_requests"] >= 1 and case["flood_nice"] == 19  # the flood's client, in its own process
     assert set(case["small_idle_parts_s"]) == {*many_clients.PARTS, "other_s"}

@@ -589,6 +589,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("matrix and --start cold start their own gateways: leave out --url")
     if args.hog < 0 or args.hog_cores < 0 or args.clients < 1 or args.pages < 1:
         parser.error("--hog and --hog-cores are 0 or more, --clients and --pages 1 or more")
+    if not 0 <= args.flood_nice <= 19:
+        parser.error("--flood-nice is 0 to 19: the flood's clients never run ahead of the small page's")
     unknown = set(args.mixes.split(",")) - set(MIXES)
     if args.scenario == "matrix" and unknown:
         parser.error(f"--mixes: unknown {', '.join(sorted(unknown))}; known: {', '.join(MIXES)}")

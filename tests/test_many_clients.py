@@ -109,6 +109,14 @@ def test_cold_and_matrix_start_their_own_gateways():
         many_clients.parse(["matrix", "--mixes", "dense,nonesuch"])
 
 
+@pytest.mark.parametrize("nice", ["-1", "20"])
+def test_the_floods_clients_never_run_ahead_of_the_small_page(nice, capsys):
+    with pytest.raises(SystemExit):
+        many_clients.parse(["mixed", "--flood-nice", nice])
+    assert "--flood-nice is 0 to 19" in capsys.readouterr().err
+    assert many_clients.parse(["mixed"]).flood_nice == 19
+
+
 def test_a_small_pages_seconds_split_into_the_gateways_timings_and_the_rest():
     outcomes = [
         Outcome(200, 1.0, timings={"queue_s": 0.1, "preprocess_s": 0.2, "engine_s": 0.5, "det_s": 0.3}),

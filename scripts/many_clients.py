@@ -69,7 +69,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -449,14 +448,14 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     before = idle_pages(url, small)
     loaded = []
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: this one may hold threads
-    with ProcessPoolExecutor(1, mp_context=spawn, initializer=os.nice, initargs=(args.flood_nice,)) as aside:
-        aside.submit(int).result()  # started, its modules imported, before the flood's clock starts
-        flooding = aside.submit(flood, url, mix, args.clients, args.seconds, args.priority)
+    with spawn.Pool(1, initializer=os.nice, initargs=(args.flood_nice,)) as aside:  # killed on leaving
+        aside.apply(int)  # started, its modules imported, before the flood's clock starts
+        flooding = aside.apply_async(flood, (url, mix, args.clients, args.seconds, args.priority))
         started = time.monotonic()
         while time.monotonic() - started < args.seconds:
             loaded.append(post(url, small, "small", timed=True))
             time.sleep(max(0.0, args.interval - loaded[-1].seconds))
-        flooded = flooding.result()
+        flooded = flooding.get()
     after = idle_pages(url, small)
     idle_outcomes = before + after
     idle = [o.seconds for o in idle_outcomes]
@@ -578,8 +577,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--flood-nice",
         type=int,
         default=19,
-        help="mixed: nice value of the process the flood's clients run in (default %(default)s: on the gateway's "
-        "machine their CPU is not the gateway's to give; 0: as the small page's client)",
+        help="mixed: niceness added to the process the flood's clients run in, as nice -n, 0-19 (default "
+        "%(default)s: on the gateway's machine their CPU is not the gateway's to give; 0: as the small page's client)",
     )
     parser.add_argument("--json", help="append one JSON object per case to this file")
     parser.add_argument("--log", help="append the output of the gateways started here to this file")
@@ -590,7 +589,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.hog < 0 or args.hog_cores < 0 or args.clients < 1 or args.pages < 1:
         parser.error("--hog and --hog-cores are 0 or more, --clients and --pages 1 or more")
     if not 0 <= args.flood_nice <= 19:
-        parser.error("--flood-nice is 0 to 19: the flood's clients never run ahead of the small page's")
+        parser.error("--flood-nice is 0 to 19, a niceness added as nice -n does (below 0 the flood would run ahead)")
     unknown = set(args.mixes.split(",")) - set(MIXES)
     if args.scenario == "matrix" and unknown:
         parser.error(f"--mixes: unknown {', '.join(sorted(unknown))}; known: {', '.join(MIXES)}")
@@ -638,4 +637,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("many_clients: interrupted", file=sys.stderr)
+        sys.exit(130)

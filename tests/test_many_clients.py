@@ -113,7 +113,7 @@ def test_cold_and_matrix_start_their_own_gateways():
 def test_the_floods_clients_never_run_ahead_of_the_small_page(nice, capsys):
     with pytest.raises(SystemExit):
         many_clients.parse(["mixed", "--flood-nice", nice])
-    assert "--flood-nice is 0 to 19" in capsys.readouterr().err
+    assert "--flood-nice is 0 to 19," in capsys.readouterr().err
     assert many_clients.parse(["mixed"]).flood_nice == 19
 
 

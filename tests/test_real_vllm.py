@@ -304,14 +304,17 @@ def test_a_passed_deadline_is_aborted_in_vllm(http, real_vllm, tmp_path):
 
 def test_a_cancelled_jobs_running_page_is_aborted_in_vllm(http, real_vllm):
     """``DELETE /v1/jobs/{id}`` while the job's page is in vLLM: the job is cancelled and vLLM
-    aborts the page's request."""
+    aborts the page's request. vLLM's scheduler is paused meanwhile: the page's request cannot
+    finish (and the gateway move on to its length retry) before the ``DELETE`` reaches it, however
+    slow or fast the machine."""
     before = len(real_vllm.added())
-    job = http.post("/v1/jobs", files={"file": ("slow.png", slow_page())})
-    assert job.status_code == 202, job.text
-    request_id = next_added(real_vllm, before)
-    cancelled = http.delete(job.headers["location"])
-    assert cancelled.status_code in (200, 202), cancelled.text
-    line = assert_aborted_in_vllm(real_vllm, request_id)
+    with real_vllm.paused():
+        job = http.post("/v1/jobs", files={"file": ("slow.png", slow_page())})
+        assert job.status_code == 202, job.text
+        request_id = next_added(real_vllm, before)
+        cancelled = http.delete(job.headers["location"])
+        assert cancelled.status_code in (200, 202), cancelled.text
+        line = assert_aborted_in_vllm(real_vllm, request_id)
     assert http.get(job.headers["location"]).json()["status"] == "cancelled"
     print(f"vLLM: {line}")
 

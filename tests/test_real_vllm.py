@@ -314,7 +314,8 @@ def test_a_cancelled_jobs_running_page_is_aborted_in_vllm(http, real_vllm):
         request_id = next_added(real_vllm, before)
         cancelled = http.delete(job.headers["location"])
         assert cancelled.status_code in (200, 202), cancelled.text
-        line = assert_aborted_in_vllm(real_vllm, request_id)
+        wait_for(lambda: real_vllm.aborted(request_id), 30)  # before vLLM may run it again
+    line = assert_aborted_in_vllm(real_vllm, request_id)  # and, resumed, vLLM runs nothing of it
     assert http.get(job.headers["location"]).json()["status"] == "cancelled"
     print(f"vLLM: {line}")
 

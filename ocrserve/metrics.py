@@ -28,7 +28,7 @@ PREPROCESS_SECONDS = Histogram(
 LINE_COUNTS = Counter(
     "ocrserve_line_counts",
     "Requests priced on their line units before admission, by how they were had: counted on previews, or kept "
-    "from the same client's refused post of the same document (its retry).",
+    "from an earlier post of the same document and pages (any client's, a retry's among them).",
     ["how"],
 )
 ENGINE_SECONDS = Histogram("ocrserve_engine_seconds", "Seconds one page spends in the engine.", buckets=LATENCY_BUCKETS)

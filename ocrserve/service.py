@@ -24,10 +24,14 @@ to 33 s to be refused. One that the turns ahead of it and its own would keep pas
 (:class:`~ocrserve.preview_turn.PreviewTurn`) is refused on arrival: at the limit alone, every
 refusal of a flood of 5-page receipts beside a single page every 0.5 s came after 10.3 s.
 
-A document refused at admission keeps the line units counted for it (:data:`COUNTS_KEPT`
-documents, by client, content and pages), and its client's retry is priced on them at once,
-without previews. Previewed again, the retries of eleven refused clients, every few seconds,
-took the cores from the engine's pages beside a CPU hog.
+A document's counted line units are kept (:data:`COUNTS_KEPT` documents, by content and pages),
+and a later post of the same content and pages, by any client, is priced on them at once, without
+previews or a turn; one that was waiting for the turn while they were counted takes them when its
+turn comes. Previewed again, the retries of eleven refused clients, every few seconds, took
+the cores from the engine's pages beside a CPU hog; and a burst of twelve clients posting one
+document was counted twelve times, one turn after another, while the engine's pages waited. What
+is shared is a price, never a result: each post's pages still run for it (the dedup cache alone
+answers a document from another post's result, and only where it is on).
 
 A request refused at its deadline only for admission's margin for what its cost model has not
 seen, while no other request is admitted or on its way to admission and no page is in the engine
@@ -75,8 +79,8 @@ from ocrserve.work import Deadline, EngineClass, Priority, WorkItem
 
 log = logging.getLogger(__name__)
 
-#: Refused documents whose counted line units are kept for their clients' retries (module
-#: docstring); each holds a float or None for each page of its document.
+#: Documents whose counted line units are kept for later posts of the same content and pages
+#: (module docstring); each holds a float or None for each previewed page.
 COUNTS_KEPT = 1024
 #: Pages a probe read (module docstring) kept for their clients' retries.
 PROBED_KEPT = 64
@@ -135,8 +139,8 @@ class OcrService:
         self.cache = cache
         # one document's previews at a time per lane, in the order they came (module docstring)
         self._turns: defaultdict[str, PreviewTurn] = defaultdict(PreviewTurn)
-        # line units counted for refused documents, by (client, content, pages), for their retries
-        self._counted: LRUCache[tuple[str, str, str | None], list[float | None]] = LRUCache(COUNTS_KEPT)
+        # line units counted for documents, by (content, pages) (module docstring)
+        self._counted: LRUCache[tuple[str, str | None], list[float | None]] = LRUCache(COUNTS_KEPT)
         self._probe: asyncio.Task | None = None  # a refused request's page teaching the cost model
         # what probes read, by (client, content, page index), for their clients' retries
         self._probed: LRUCache[tuple[str, str, int], Attempt] = LRUCache(PROBED_KEPT)
@@ -204,7 +208,7 @@ class OcrService:
         if todo:
             sizes = info.normalized_sizes(todo, self.config.preprocess)
             priced = self.router.request_work(sizes, len(todo), [0.0] * len(todo))  # the least they can be
-            counted = (terms.client, sha256, pages)
+            counted = (sha256, pages)
             units: dict[int, float | None] = {}
             async with contextlib.AsyncExitStack() as admitted:
                 try:
@@ -221,7 +225,6 @@ class OcrService:
                     if not await self.probe(source, info, key, work, units.get(page), terms.lane):
                         raise
                     raise _probing(terms.lane, len(todo), page, self.router.alone_s(work)) from None
-                self._counted.pop(counted, None)  # admitted: kept only for a refused one's retry
                 attempts = await self._run_pages(source, info, todo, reservation, terms, units)
         for index in probed:
             self._probed.pop((terms.client, sha256, index), None)
@@ -229,7 +232,7 @@ class OcrService:
 
     async def _units(
         self,
-        key: tuple[str, str, str | None],
+        key: tuple[str, str | None],
         source: Source,
         info: DocumentInfo,
         indices: list[int],
@@ -237,22 +240,19 @@ class OcrService:
         least: Work,
     ) -> tuple[dict[int, float | None], int | None]:
         """The line units of a request's first pages (of ``indices``, by page index), and its
-        arrival number for :meth:`~ocrserve.router.Router.admit`: kept for its client's refused
-        try of the same content and pages (``key``; arrival None: it comes now), else counted in
-        its turn while the pages it will run are held at their ``least`` work
-        (:meth:`~ocrserve.router.Router.held`, :meth:`_line_units`), and kept.
+        arrival number for :meth:`~ocrserve.router.Router.admit`: kept from an earlier post of the
+        same content and pages (``key``; arrival None: it comes now), else had in its turn while
+        the pages it will run are held at their ``least`` work
+        (:meth:`~ocrserve.router.Router.held`, :meth:`_line_units`).
 
         Raises:
             PayloadTooLarge, Overloaded: as :meth:`~ocrserve.router.Router.held` and :meth:`_line_units`.
         """
-        if (units := self._counted.get(key)) is None:
-            async with self.router.held(terms, round(least.pages), least) as arrival:
-                units = await self._line_units(source, info, indices, terms, least, arrival)
-            self._counted[key] = units
-            metrics.LINE_COUNTS.labels("counted").inc()
-        else:
-            arrival = None
+        if (units := self._counted.get(key)) is not None:
             metrics.LINE_COUNTS.labels("kept").inc()
+            return dict(zip(indices, units, strict=False)), None
+        async with self.router.held(terms, round(least.pages), least) as arrival:
+            units = await self._line_units(key, source, info, indices, terms, least, arrival)
         return dict(zip(indices, units, strict=False)), arrival
 
     async def probe(
@@ -321,10 +321,18 @@ class OcrService:
             await asyncio.gather(self._probe, return_exceptions=True)
 
     async def _line_units(
-        self, source: Source, info: DocumentInfo, indices: list[int], terms: Terms, least: Work, arrival: int
+        self,
+        key: tuple[str, str | None],
+        source: Source,
+        info: DocumentInfo,
+        indices: list[int],
+        terms: Terms,
+        least: Work,
+        arrival: int,
     ) -> list[float | None]:
         """The line units of a held request's first pages, counted on their previews in its turn
-        (module docstring; None for a page without a preview).
+        (module docstring; None for a page without a preview) and kept by ``key``, its content and
+        pages; where another post of them was counted while it waited for the turn, those.
 
         Raises:
             Overloaded: (a document) 503 ``deadline-unmeetable`` where, once its turn came, the
@@ -336,8 +344,13 @@ class OcrService:
         """
 
         async def counted() -> list[float | None]:
+            if (units := self._counted.get(key)) is not None:
+                metrics.LINE_COUNTS.labels("kept").inc()
+                return units
             previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-            return await self.pipeline.line_units(previews, terms.engine_class)
+            units = self._counted[key] = await self.pipeline.line_units(previews, terms.engine_class)
+            metrics.LINE_COUNTS.labels("counted").inc()
+            return units
 
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
             return await counted()

@@ -77,7 +77,7 @@ from ocrserve.api.params import MAX_TIMEOUT_S
 from ocrserve.bench.crowd import REFUSED, Outcome, flood, post
 from ocrserve.bench.harness import LocalGateway
 from ocrserve.bench.hog import CpuHog
-from ocrserve.bench.page_mixes import MIXES, PHOTOTEST, SPLITS, CorpusMissing, PageMix, build_mix, from_file
+from ocrserve.bench.page_mixes import MIXES, PHOTOTEST, SPLITS, CorpusMissing, PageMix, build_mix, copies, from_file
 from ocrserve.errors import ProblemError
 from ocrserve.evaluation import locate_corpus
 
@@ -435,16 +435,20 @@ def parts(outcomes: list[Outcome]) -> dict[str, float] | None:
     return {key: round(value, 3) for key, value in means.items()}
 
 
-def idle_pages(url: str, small: PageMix) -> list[Outcome]:
+def idle_pages(url: str, small: Callable[[], PageMix]) -> list[Outcome]:
     """:data:`IDLE_PAGES` small pages posted one after another, those answered 200, timed."""
-    return [o for o in (post(url, small, "small", timed=True) for _ in range(IDLE_PAGES)) if o.status == 200]
+    return [o for o in (post(url, small(), "small", timed=True) for _ in range(IDLE_PAGES)) if o.status == 200]
 
 
 def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
     """The small page's latency under a flood of ``mix`` documents (see the module's docstring);
     its idle p95 is over :data:`IDLE_PAGES` small pages before the flood and as many after it."""
-    small = PageMix("phototest", "", None, (), PHOTOTEST.read_bytes(), "s.tif")
-    post(url, small, "small")  # warm-up: the first request after start pays one-time costs
+    pages = copies(PHOTOTEST.read_bytes())  # each post a page of its own, as a client's pages are
+
+    def small() -> PageMix:
+        return PageMix("phototest", "", None, (), next(pages), "s.png")
+
+    post(url, small(), "small")  # warm-up: the first request after start pays one-time costs
     before = idle_pages(url, small)
     loaded = []
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: this one may hold threads
@@ -453,7 +457,7 @@ def mixed(url: str, mix: PageMix, args: argparse.Namespace) -> dict:
         flooding = aside.apply_async(flood, (url, mix, args.clients, args.seconds, args.priority))
         started = time.monotonic()
         while time.monotonic() - started < args.seconds:
-            loaded.append(post(url, small, "small", timed=True))
+            loaded.append(post(url, small(), "small", timed=True))
             time.sleep(max(0.0, args.interval - loaded[-1].seconds))
         flooded = flooding.get()
     after = idle_pages(url, small)

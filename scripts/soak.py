@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ocrserve.bench.harness import REPO, LocalGateway, percentile
+from ocrserve.bench.page_mixes import copies
 from ocrserve.config import load_config
 from ocrserve.preprocess import inspect_document
 
@@ -283,8 +284,11 @@ class Memory:
         return 100 * (last - first) / first
 
 
-async def measure_capacity(client: httpx.AsyncClient, page: bytes, seconds: float, concurrency: int) -> float:
-    """Fast-lane pages answered per second by ``concurrency`` clients back to back for ``seconds``,
+async def measure_capacity(
+    client: httpx.AsyncClient, pages: Iterator[bytes], seconds: float, concurrency: int
+) -> float:
+    """Fast-lane pages (the next of ``pages`` each post) answered per second by ``concurrency``
+    clients back to back for ``seconds``,
     counted over the last two thirds (the first third warms the engine up).
 
     Raises:
@@ -297,7 +301,8 @@ async def measure_capacity(client: httpx.AsyncClient, page: bytes, seconds: floa
     async def closed_loop() -> None:
         nonlocal done
         while time.monotonic() < until:
-            response = await client.post("/v1/ocr", files={"file": ("page", page)}, data={"priority": "interactive"})
+            page = {"file": ("page", next(pages))}
+            response = await client.post("/v1/ocr", files=page, data={"priority": "interactive"})
             done += response.status_code == 200 and time.monotonic() > counted_from
 
     await asyncio.gather(*(closed_loop() for _ in range(concurrency)))
@@ -322,7 +327,7 @@ async def engine_pages(client: httpx.AsyncClient) -> dict[str, float]:
 
 async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -> dict:
     """Warm up, measure capacity, run the load, drain; the figures."""
-    page = args.page.read_bytes()
+    pages = copies(args.page.read_bytes())  # each post a page of its own, as a client's pages are
     document = args.document.read_bytes()
     pages_per_job = args.files_per_job * inspect_document(document, load_config().preprocess).page_count
     files = [("file", (f"{args.document.name}.{n}", document)) for n in range(args.files_per_job)]
@@ -330,7 +335,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
     memory = Memory(pid)
     async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         console.print(f"warm-up: {args.warmup:g} s at concurrency {args.warmup_concurrency} ...")
-        capacity = await measure_capacity(client, page, args.warmup, args.warmup_concurrency)
+        capacity = await measure_capacity(client, pages, args.warmup, args.warmup_concurrency)
         rate = args.rate or args.capacity_multiple * capacity
         fast_rate, job_rate = rate * (1 - args.bulk_share), rate * args.bulk_share / pages_per_job
         console.print(
@@ -350,7 +355,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, console: Console) -
         load_end = time.monotonic() + args.duration
         give_up_at = load_end + args.drain
         await asyncio.gather(
-            arrivals(fast_rate, load_end, rng, lambda: requests.start(lambda: fast_request(client, page, fast))),
+            arrivals(fast_rate, load_end, rng, lambda: requests.start(lambda: fast_request(client, next(pages), fast))),
             arrivals(
                 job_rate,
                 load_end,

@@ -6,6 +6,7 @@ import math
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -196,11 +197,12 @@ def test_a_document_not_previewed_within_the_admission_timeout_is_refused_with_r
         assert metric(client, "ocrserve_rejections_total", lane="fast", reason="admission_timeout") == 1
 
 
-def test_a_refused_clients_retry_is_priced_on_the_line_units_counted_for_it(refusing):
-    """A request refused at admission keeps the line units counted on its previews; the same
-    client's retry of the same document is priced on them without previews, another client's or
-    another document's is counted, and once admitted the document's units are not kept."""
-    page = (DATA / "phototest.tif").read_bytes()
+def test_a_documents_line_units_are_counted_once_for_every_post_of_it(refusing):
+    """The line units counted on a document's previews are kept: a retry of the same document,
+    another client's post of it and a post after one was admitted are priced on them without
+    previews; another document is counted. (Pages of their own: the gateway's earlier tests
+    counted theirs.)"""
+    page = samples.encode(samples.phototest(), "PNG")
     with httpx.Client(base_url=refusing.url, timeout=60) as client:
 
         def counts() -> tuple[float, float]:
@@ -215,7 +217,32 @@ def test_a_refused_clients_retry_is_priced_on_the_line_units_counted_for_it(refu
         assert_problem(post(page, "b"), 503, r"above its latency target")
         assert_problem(post(samples.encode(samples.phototest().rotate(180), "PNG"), "a"), 503, r"latency target")
         after = counts()
-        assert (after[0] - before[0], after[1] - before[1]) == (3, 1)  # a's retry alone was kept
+        assert (after[0] - before[0], after[1] - before[1]) == (2, 2)  # the first of each document counted
         assert post(page, "a", timeout="60").status_code == 200  # its own timeout: admitted
-        assert post(page, "a", timeout="60").status_code == 200
-        assert counts()[1] - after[1] == 1 and counts()[0] - after[0] == 1  # admitted: counted again after
+        assert post(page, "c", timeout="60").status_code == 200
+        assert counts() == (after[0], after[1] + 2)
+
+
+def test_a_burst_of_one_document_is_counted_once(gateway):
+    """Clients posting one document at the same instant wait for the lane's preview turn one after
+    another; the first counts the line units of its previews, and the others are priced on them
+    when their turn comes (or at once, where they arrive after): one count for the burst."""
+    page = samples.phototest().rotate(90, expand=True)
+    document = samples.encode(
+        page, "TIFF", save_all=True, append_images=[page.transpose(Image.Transpose.FLIP_TOP_BOTTOM)]
+    )
+    with httpx.Client(base_url=gateway.url, timeout=120) as client:
+
+        def counts() -> tuple[float, float]:
+            return tuple(metric(client, "ocrserve_line_counts_total", how=how) for how in ("counted", "kept"))
+
+        def post(name: str) -> httpx.Response:
+            form, headers = {"timeout": "120"}, {"X-Client-Id": name}
+            return client.post("/v1/ocr", files={"file": ("d.tif", document)}, data=form, headers=headers)
+
+        before = counts()
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(post, "abcd"))
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        after = counts()
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 3)

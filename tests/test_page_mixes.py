@@ -4,14 +4,19 @@ preprocessing reads at the sizes the mix reports. Skipped where the corpus is ab
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from PIL import Image
 
 from ocrserve.bench.page_mixes import (
     MIXES,
+    PHOTOTEST,
     POOLS,
     SPLITS,
     CorpusMissing,
     build_mix,
+    copies,
     from_file,
     split_of,
 )
@@ -109,3 +114,16 @@ def test_a_file_is_posted_as_it_is():
     assert mix.document == path.read_bytes()
     assert len(mix.pages) == inspect_document(path, PreprocessConfig()).page_count > 1
     assert mix.as_dict()["by_kind"]["file"]["pages"] == len(mix.pages)
+
+
+def test_copies_of_a_page_differ_in_bytes_not_in_pixels():
+    """Each copy is a PNG of the page's own pixels with bytes of its own (so the gateway's count
+    kept by content never prices the next post)."""
+    pages = copies(PHOTOTEST.read_bytes())
+    first, second = next(pages), next(pages)
+    assert first != second
+    original = Image.open(PHOTOTEST)
+    for data in (first, second):
+        copy = Image.open(io.BytesIO(data))
+        assert copy.format == "PNG" and copy.size == original.size
+        assert copy.tobytes() == original.convert(copy.mode).tobytes()

@@ -28,12 +28,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
+from PIL.PngImagePlugin import PngInfo
 
 from ocrserve.bench.harness import REPO
 from ocrserve.config import PreprocessConfig
@@ -141,6 +143,22 @@ class MixPage:
     @property
     def pixels(self) -> int:
         return self.width * self.height
+
+
+def copies(data: bytes) -> Iterator[bytes]:
+    """Endless copies of the image ``data``, each with bytes of its own: its pixels as a PNG with a
+    running number in a text chunk (``ocrserve-copy``). The gateway keeps the line units it counted
+    on a page's preview by the page's content, so a client posting one page again and again would
+    have every post after the first priced without a count, where the pages a real client sends
+    are each new to it: a benchmark's stream of single pages posts copies."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    for number in itertools.count():
+        info = PngInfo()
+        info.add_text("ocrserve-copy", str(number))
+        out = io.BytesIO()
+        image.save(out, "PNG", pnginfo=info)
+        yield out.getvalue()
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,11 @@ each case ends, then a markdown table.
 
 ``mixed``: ``--clients`` clients post the document in a loop (a refused one waits its
 ``Retry-After``, as a well-behaved client does; ``--priority bulk`` marks them bulk) while one more
-client posts a single small page every ``--interval`` seconds. The flood's clients run in a process
-of their own at ``--flood-nice`` (19), so that on the gateway's own machine their CPU is not taken
-from the gateway being measured (docs/benchmarks.md: "The benchmark's own clients"). Reported:
+client posts a single small page every ``--interval`` seconds (each post a copy with bytes of its
+own, ``page_mixes.copies``: the gateway keeps a page's count by content, and a real client's pages
+are each new to it). The flood's clients run in a process of their own at ``--flood-nice`` (19),
+so that on the gateway's own machine their CPU is not taken from the gateway being measured
+(docs/benchmarks.md: "The benchmark's own clients"). Reported:
 the small page's median and p95 against its idle p95 (timed before the flood and after it), the
 refusals (503 or 429, and how long the slowest took) and late answers (504, or any 5xx but 503)
 of the flood and of the small page.

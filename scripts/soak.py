@@ -8,10 +8,12 @@ Starts its own gateway (local profile, dedup cache off, jobs in a temporary fold
    the capacity. One job then warms the bulk lane up, and the memory baseline is taken.
 2. **load** for ``--duration`` seconds, open loop (Poisson arrivals) at ``--rate`` pages/s, by
    default ``--capacity-multiple`` (2) times the capacity: ``1 - --bulk-share`` of the pages as
-   synchronous single-page ``POST /v1/ocr`` requests (``--page``), the rest as jobs of
-   ``--files-per-job`` copies of ``--document`` (``POST /v1/jobs``, polled to their end). At most
-   ``--max-requests`` requests and ``--max-jobs`` jobs are outstanding; arrivals beyond are counted
-   as held back, not sent, so the client's own backlog stays bounded.
+   synchronous single-page ``POST /v1/ocr`` requests (``--page``: each post, as in the warm-up,
+   a copy with bytes of its own, ``page_mixes.copies``, as a client's pages are new to the
+   gateway), the rest as jobs of ``--files-per-job`` copies of ``--document`` (``POST /v1/jobs``,
+   polled to their end). At most ``--max-requests`` requests and ``--max-jobs`` jobs are
+   outstanding; arrivals beyond are counted as held back, not sent, so the client's own backlog
+   stays bounded.
 3. **drain**: outstanding requests and jobs get ``--drain`` seconds more to finish.
 
 It reports per lane: sent, accepted, completed, rejected (by status, with or without

@@ -290,8 +290,8 @@ async def measure_capacity(
     client: httpx.AsyncClient, pages: Iterator[bytes], seconds: float, concurrency: int
 ) -> float:
     """Fast-lane pages (the next of ``pages`` each post) answered per second by ``concurrency``
-    clients back to back for ``seconds``,
-    counted over the last two thirds (the first third warms the engine up).
+    clients back to back for ``seconds``, counted over the last two thirds (the first third warms
+    the engine up).
 
     Raises:
         RuntimeError: no page was answered in the counted part.

@@ -57,7 +57,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -230,6 +230,13 @@ class OcrService:
             self._probed.pop((terms.client, sha256, index), None)
         return sorted([*attempts, *probed.values()], key=lambda attempt: attempt.result.index)
 
+    def _kept(self, key: tuple[str, str | None]) -> list[float | None] | None:
+        """The line units kept for ``key``, a document's content and pages (counted in
+        ``ocrserve_line_counts_total{how="kept"}``), or None."""
+        if (units := self._counted.get(key)) is not None:
+            metrics.LINE_COUNTS.labels("kept").inc()
+        return units
+
     async def _units(
         self,
         key: tuple[str, str | None],
@@ -241,18 +248,27 @@ class OcrService:
     ) -> tuple[dict[int, float | None], int | None]:
         """The line units of a request's first pages (of ``indices``, by page index), and its
         arrival number for :meth:`~ocrserve.router.Router.admit`: kept from an earlier post of the
-        same content and pages (``key``; arrival None: it comes now), else had in its turn while
-        the pages it will run are held at their ``least`` work
-        (:meth:`~ocrserve.router.Router.held`, :meth:`_line_units`).
+        same content and pages (``key``; arrival None: it comes now), else counted on their
+        previews in its turn while the pages it will run are held at their ``least`` work
+        (:meth:`~ocrserve.router.Router.held`, :meth:`_line_units`; None for a page without a
+        preview), and kept, unless another post of them was counted while it waited.
 
         Raises:
             PayloadTooLarge, Overloaded: as :meth:`~ocrserve.router.Router.held` and :meth:`_line_units`.
         """
-        if (units := self._counted.get(key)) is not None:
-            metrics.LINE_COUNTS.labels("kept").inc()
+        if (units := self._kept(key)) is not None:
             return dict(zip(indices, units, strict=False)), None
+
+        async def counted() -> list[float | None]:
+            if (units := self._kept(key)) is not None:
+                return units
+            previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
+            units = self._counted[key] = await self.pipeline.line_units(previews, terms.engine_class)
+            metrics.LINE_COUNTS.labels("counted").inc()
+            return units
+
         async with self.router.held(terms, round(least.pages), least) as arrival:
-            units = await self._line_units(key, source, info, indices, terms, least, arrival)
+            units = await self._line_units(counted, indices, terms, least, arrival)
         return dict(zip(indices, units, strict=False)), arrival
 
     async def probe(
@@ -322,17 +338,14 @@ class OcrService:
 
     async def _line_units(
         self,
-        key: tuple[str, str | None],
-        source: Source,
-        info: DocumentInfo,
+        counted: Callable[[], Awaitable[list[float | None]]],
         indices: list[int],
         terms: Terms,
         least: Work,
         arrival: int,
     ) -> list[float | None]:
-        """The line units of a held request's first pages, counted on their previews in its turn
-        (module docstring; None for a page without a preview) and kept by ``key``, its content and
-        pages; where another post of them was counted while it waited for the turn, those.
+        """``counted``, the line units of a held request's first pages (of ``indices``), had in
+        its turn (module docstring).
 
         Raises:
             Overloaded: (a document) 503 ``deadline-unmeetable`` where, once its turn came, the
@@ -342,16 +355,6 @@ class OcrService:
                 at once where the turns ahead of it and its own would take longer
                 (:meth:`~ocrserve.preview_turn.PreviewTurn.previewed_in_s`).
         """
-
-        async def counted() -> list[float | None]:
-            if (units := self._counted.get(key)) is not None:
-                metrics.LINE_COUNTS.labels("kept").inc()
-                return units
-            previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
-            units = self._counted[key] = await self.pipeline.line_units(previews, terms.engine_class)
-            metrics.LINE_COUNTS.labels("counted").inc()
-            return units
-
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
             return await counted()
 

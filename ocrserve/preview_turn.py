@@ -6,6 +6,8 @@ came (:mod:`ocrserve.service`); one whose turn has not ended within ``router.adm
 of its arrival is refused. A :class:`PreviewTurn` counts the pages of the documents waiting for it
 and times the turns that end, in seconds a previewed page, so that a document that the turns
 ahead of it and its own would keep past that limit is refused on arrival rather than at the limit.
+Posts of one document count its pages once: the first to take the turn counts its line units, and
+the others take them, kept, when theirs comes (:class:`HeldTurn`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections import deque
-from collections.abc import AsyncIterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Hashable
 
 #: Turns timed for :meth:`PreviewTurn.previewed_in_s` (the newest kept).
 TURNS_KEPT = 16
@@ -39,6 +41,23 @@ ENOUGH_TURNS = 2
 PRIOR_PAGE_S = 0.7
 
 
+class HeldTurn:
+    """The turn a document holds (:meth:`PreviewTurn.turn`), timed when it ends unless
+    :meth:`untimed`."""
+
+    def __init__(self) -> None:
+        self.timed = True
+
+    def untimed(self) -> None:
+        """Leave this turn out of the turns timed: it took its line units kept from an earlier turn
+        of the same document, in milliseconds. Timed, four posts of one 2-page document at once
+        took four turns, three of them kept at about 0 s a page, and their median priced the turns
+        ahead of the next burst, twelve new 4-page documents marked bulk, at nothing: nine queued
+        and were cut at the 10-s ``router.admission_timeout_s`` (10.02-10.03 s, 2 cores).
+        Untimed, those nine were refused on arrival (0.05-0.08 s), and three admitted as before."""
+        self.timed = False
+
+
 class PreviewTurn:
     """One document's previews at a time, in the order they came, with the pages of the documents
     waiting and the seconds a previewed page of the last :data:`TURNS_KEPT` turns.
@@ -50,26 +69,31 @@ class PreviewTurn:
     def __init__(self, prior_page_s: float = PRIOR_PAGE_S) -> None:
         self._prior_page_s = prior_page_s
         self._lock = asyncio.Lock()
-        self._waiting_pages = 0  # previewed pages of the documents waiting for the turn, not in it
-        self._held: tuple[float, int] | None = None  # (time.monotonic(), pages) of the turn held now
+        self._waiting: Counter[Hashable] = Counter()  # posts of each document waiting for the turn
+        self._pages: dict[Hashable, int] = {}  # previewed pages of each document waiting
+        self._held: tuple[float, int, Hashable] | None = None  # (time.monotonic(), pages, document) held now
         self._took: deque[float] = deque(maxlen=TURNS_KEPT)  # seconds a previewed page, newest last
 
-    def previewed_in_s(self, pages: int) -> float:
-        """Seconds until a document of ``pages`` previewed pages arriving now has been previewed:
-        a typical turn's seconds a page (the median of the turns timed, the prior counted as one
-        while fewer than :data:`ENOUGH_TURNS` were) times the pages of the turn held now (less
-        what it has run, at least none), of each document waiting and its own. The median, not the
+    def previewed_in_s(self, pages: int, document: Hashable) -> float:
+        """Seconds until a post of ``document`` (its content and pages, any hashable), of ``pages``
+        previewed pages, arriving now has been previewed: a typical turn's seconds a page (the
+        median of the turns timed, the prior counted as one while fewer than :data:`ENOUGH_TURNS`
+        were) times the pages of the turn held now (less what it has run, at least none), of each
+        document waiting (once for all its posts) and its own (none where a post of it is ahead: it
+        will take their units, kept). The median, not the
         mean: a turn that refuses its document before its previews (the requests admitted
         meanwhile left it no room) takes milliseconds, and a burst's turns mix those with whole
         previews. Its own pages count: by the turns ahead alone, documents of a flood of 5-page
         receipts beside a single page every 0.5 s (development seed 22, 2 cores) got the turn a
         moment before their limit, and four of them were cut 1.3-6.4 s into their previews."""
         typical = self._typical_page_s()
-        held = 0.0
+        held, held_document = 0.0, None
         if self._held is not None:
-            began, held_pages = self._held
+            began, held_pages, held_document = self._held
             held = max(0.0, typical * held_pages - (time.monotonic() - began))
-        return held + (self._waiting_pages + max(1, pages)) * typical
+        waiting = sum(pages for waiting, pages in self._pages.items() if waiting != held_document)
+        own = 0 if document in self._waiting or document == held_document else max(1, pages)
+        return held + (waiting + own) * typical
 
     def _typical_page_s(self) -> float:
         """A turn's seconds a previewed page: the median of the turns timed, and of the prior too
@@ -78,9 +102,10 @@ class PreviewTurn:
         return statistics.median(took if len(took) >= ENOUGH_TURNS else [self._prior_page_s, *took])
 
     @contextlib.asynccontextmanager
-    async def turn(self, pages: int) -> AsyncIterator[None]:
-        """Wait for the turn to preview ``pages`` pages (at least 1), hold it for the block, and
-        time it where the block ended of itself (previewed, or refused), or was cancelled in the
+    async def turn(self, pages: int, document: Hashable) -> AsyncIterator[HeldTurn]:
+        """Wait for the turn to preview ``pages`` pages (at least 1) of ``document`` (as
+        :meth:`previewed_in_s`), hold it for the block, and time it, unless the block left it
+        :meth:`~HeldTurn.untimed`, where the block ended of itself (previewed, or refused), or was cancelled in the
         turn (its request cut at its limit) after longer than a typical turn (:meth:`previewed_in_s`):
         the turn took at least that. In a flood whose documents were cut at
         ``router.admission_timeout_s`` while the turn ahead of them ran, those cut in the turn
@@ -90,22 +115,25 @@ class PreviewTurn:
         the first after 10 s, and untimed, the turns ahead were priced by the prior (0.7 s a
         page) to the end."""
         pages = max(1, pages)
-        self._waiting_pages += pages
+        self._waiting[document] += 1
+        self._pages[document] = pages
         try:
             await self._lock.acquire()
         finally:
-            self._waiting_pages -= pages
-        began = time.monotonic()
-        self._held = (began, pages)
+            self._waiting[document] -= 1
+            if not self._waiting[document]:
+                del self._waiting[document], self._pages[document]
+        began, held = time.monotonic(), HeldTurn()
+        self._held = (began, pages, document)
         cut = False
         try:
-            yield
+            yield held
         except asyncio.CancelledError:
             cut = True
             raise
         finally:
             page_s = (time.monotonic() - began) / pages
-            if not cut or page_s > self._typical_page_s():
+            if held.timed and (not cut or page_s > self._typical_page_s()):
                 self._took.append(page_s)
             self._held = None
             self._lock.release()

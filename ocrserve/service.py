@@ -24,14 +24,18 @@ to 33 s to be refused. One that the turns ahead of it and its own would keep pas
 (:class:`~ocrserve.preview_turn.PreviewTurn`) is refused on arrival: at the limit alone, every
 refusal of a flood of 5-page receipts beside a single page every 0.5 s came after 10.3 s.
 
-A document's counted line units are kept (:data:`COUNTS_KEPT` documents, by content and pages),
-and a later post of the same content and pages, by any client, is priced on them at once, without
+A document's counted line units are kept (:data:`COUNTS_KEPT` documents, by content and pages), and
+a later post of the same content and pages, by any client, is priced on them at once, without
 previews or a turn; one that was waiting for the turn while they were counted takes them when its
-turn comes. Previewed again, the retries of eleven refused clients, every few seconds, took
-the cores from the engine's pages beside a CPU hog; and a burst of twelve clients posting one
-document was counted twelve times, one turn after another, while the engine's pages waited. What
-is shared is a price, never a result: each post's pages still run for it (the dedup cache alone
-answers a document from another post's result, and only where it is on).
+turn comes, and its pages are not priced again in the turns ahead of others, nor the turn it took
+in milliseconds timed (:class:`~ocrserve.preview_turn.PreviewTurn`). Priced as previews of their
+own, seven of twelve clients posting one 2-page document at once were refused on arrival; timed,
+the kept turns priced those ahead of the next burst at nothing. Previewed again, the retries of
+eleven refused clients, every few seconds, took the cores from the engine's pages beside a CPU hog;
+and a burst of twelve clients posting one document was counted twelve times, one turn after
+another, while the engine's pages waited. What is shared is a price, never a result: each post's
+pages still run for it (the dedup cache alone answers a document from another post's result, and
+only where it is on).
 
 A request refused at its deadline only for admission's margin for what its cost model has not
 seen, while no other request is admitted or on its way to admission and no page is in the engine
@@ -259,16 +263,14 @@ class OcrService:
         if (units := self._kept(key)) is not None:
             return dict(zip(indices, units, strict=False)), None
 
-        async def counted() -> list[float | None]:
-            if (units := self._kept(key)) is not None:
-                return units
+        async def count() -> list[float | None]:
             previews = await self.preprocessor.previews(source, info, indices, terms.engine_class)
             units = self._counted[key] = await self.pipeline.line_units(previews, terms.engine_class)
             metrics.LINE_COUNTS.labels("counted").inc()
             return units
 
         async with self.router.held(terms, round(least.pages), least) as arrival:
-            units = await self._line_units(counted, indices, terms, least, arrival)
+            units = await self._line_units(key, count, indices, terms, least, arrival)
         return dict(zip(indices, units, strict=False)), arrival
 
     async def probe(
@@ -338,14 +340,16 @@ class OcrService:
 
     async def _line_units(
         self,
-        counted: Callable[[], Awaitable[list[float | None]]],
+        key: tuple[str, str | None],
+        count: Callable[[], Awaitable[list[float | None]]],
         indices: list[int],
         terms: Terms,
         least: Work,
         arrival: int,
     ) -> list[float | None]:
-        """``counted``, the line units of a held request's first pages (of ``indices``), had in
-        its turn (module docstring).
+        """The line units of a held request's first pages (of ``indices``), had in its turn
+        (module docstring): kept for ``key`` where another post of the document was counted while
+        it waited (a turn left untimed), else by ``count``.
 
         Raises:
             Overloaded: (a document) 503 ``deadline-unmeetable`` where, once its turn came, the
@@ -356,18 +360,22 @@ class OcrService:
                 (:meth:`~ocrserve.preview_turn.PreviewTurn.previewed_in_s`).
         """
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
-            return await counted()
+            units = self._kept(key)
+            return units if units is not None else await count()
 
         turn, previewed = self._turns[terms.lane], indices[:PREVIEW_PAGES]
 
         async def in_turn() -> list[float | None]:
-            async with turn.turn(len(previewed)):
+            async with turn.turn(len(previewed), key) as held:
                 self.router.check_held(terms, len(indices), least, arrival)
-                return await counted()
+                if (units := self._kept(key)) is not None:
+                    held.untimed()
+                    return units
+                return await count()
 
         limit = self.config.router.admission_timeout_s
         left = max(0.0, limit - terms.since_arrival_s())
-        if (previewed_in := turn.previewed_in_s(len(previewed))) > left:
+        if (previewed_in := turn.previewed_in_s(len(previewed), key)) > left:
             raise _admission_timeout(
                 terms.lane,
                 f"the {terms.lane} lane would preview the request and those before it in about {previewed_in:.0f} s, "

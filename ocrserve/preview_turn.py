@@ -50,11 +50,12 @@ class HeldTurn:
 
     def untimed(self) -> None:
         """Leave this turn out of the turns timed: it took its line units kept from an earlier turn
-        of the same document, in milliseconds. Timed, four posts of one 2-page document at once
-        took four turns, three of them kept at about 0 s a page, and their median priced the turns
-        ahead of the next burst, twelve new 4-page documents marked bulk, at nothing: nine queued
-        and were cut at the 10-s ``router.admission_timeout_s`` (10.02-10.03 s, 2 cores).
-        Untimed, those nine were refused on arrival (0.05-0.08 s), and three admitted as before."""
+        of the same document, in milliseconds. Timed, such turns can make the median turn
+        nothing: turns of 0.5, 0, 0 and 0 s a page price any turns ahead at 0 s. A tester saw it
+        once (2 cores): four posts of one 2-page document at once, then twelve new 4-page documents
+        marked bulk, nine of them queued and cut at the 10-s ``router.admission_timeout_s``
+        (10.02-10.03 s) rather than refused on arrival; whether it shows depends on the posts
+        reaching the turn before the count ends."""
         self.timed = False
 
 

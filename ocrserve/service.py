@@ -29,13 +29,13 @@ a later post of the same content and pages, by any client, is priced on them at 
 previews or a turn; one that was waiting for the turn while they were counted takes them when its
 turn comes, and its pages are not priced again in the turns ahead of others, nor the turn it took
 in milliseconds timed (:class:`~ocrserve.preview_turn.PreviewTurn`). Priced as previews of their
-own, seven of twelve clients posting one 2-page document at once were refused on arrival; timed,
-the kept turns priced those ahead of the next burst at nothing. Previewed again, the retries of
-eleven refused clients, every few seconds, took the cores from the engine's pages beside a CPU hog;
-and a burst of twelve clients posting one document was counted twelve times, one turn after
-another, while the engine's pages waited. What is shared is a price, never a result: each post's
-pages still run for it (the dedup cache alone answers a document from another post's result, and
-only where it is on).
+own, five of twelve clients posting one 2-page receipt at once were refused on arrival (held-out
+seed 51, 2 cores; none after); timed, the kept turns could price those ahead of the next burst at
+nothing. Previewed again, the retries of eleven refused clients, every few seconds, took the cores
+from the engine's pages beside a CPU hog; and a burst of twelve clients posting one document was
+counted twelve times, one turn after another, while the engine's pages waited. What is shared is a
+price, never a result: each post's pages still run for it (the dedup cache alone answers a document
+from another post's result, and only where it is on).
 
 A request refused at its deadline only for admission's margin for what its cost model has not
 seen, while no other request is admitted or on its way to admission and no page is in the engine

@@ -81,18 +81,18 @@ class PreviewTurn:
         median of the turns timed, the prior counted as one while fewer than :data:`ENOUGH_TURNS`
         were) times the pages of the turn held now (less what it has run, at least none), of each
         document waiting (once for all its posts) and its own (none where a post of it is ahead: it
-        will take their units, kept). The median, not the
-        mean: a turn that refuses its document before its previews (the requests admitted
-        meanwhile left it no room) takes milliseconds, and a burst's turns mix those with whole
-        previews. Its own pages count: by the turns ahead alone, documents of a flood of 5-page
-        receipts beside a single page every 0.5 s (development seed 22, 2 cores) got the turn a
-        moment before their limit, and four of them were cut 1.3-6.4 s into their previews."""
+        will take their units, kept). The median, not the mean: a turn that refuses its document
+        before its previews (the requests admitted meanwhile left it no room) takes milliseconds,
+        and a burst's turns mix those with whole previews. Its own pages count: by the turns ahead
+        alone, documents of a flood of 5-page receipts beside a single page every 0.5 s
+        (development seed 22, 2 cores) got the turn a moment before their limit, and four of them
+        were cut 1.3-6.4 s into their previews."""
         typical = self._typical_page_s()
         held, held_document = 0.0, None
         if self._held is not None:
             began, held_pages, held_document = self._held
             held = max(0.0, typical * held_pages - (time.monotonic() - began))
-        waiting = sum(pages for waiting, pages in self._pages.items() if waiting != held_document)
+        waiting = sum(n for other, n in self._pages.items() if other != held_document)
         own = 0 if document in self._waiting or document == held_document else max(1, pages)
         return held + (waiting + own) * typical
 
@@ -106,15 +106,15 @@ class PreviewTurn:
     async def turn(self, pages: int, document: Hashable) -> AsyncIterator[HeldTurn]:
         """Wait for the turn to preview ``pages`` pages (at least 1) of ``document`` (as
         :meth:`previewed_in_s`), hold it for the block, and time it, unless the block left it
-        :meth:`~HeldTurn.untimed`, where the block ended of itself (previewed, or refused), or was cancelled in the
-        turn (its request cut at its limit) after longer than a typical turn (:meth:`previewed_in_s`):
-        the turn took at least that. In a flood whose documents were cut at
-        ``router.admission_timeout_s`` while the turn ahead of them ran, those cut in the turn
+        :meth:`~HeldTurn.untimed`, where the block ended of itself (previewed, or refused), or was
+        cancelled in the turn (its request cut at its limit) after longer than a typical turn
+        (:meth:`previewed_in_s`): the turn took at least that. In a flood whose documents were cut
+        at ``router.admission_timeout_s`` while the turn ahead of them ran, those cut in the turn
         took 0.01-0.8 s of it, the turns that ended of themselves 1.9-8.1 s, and timed with the
         rest the cut ones held the median at a tenth of a second. Beside a CPU hog, a flood of
-        2-page dense documents marked bulk (development seed 22, 2 cores) had every turn cut,
-        the first after 10 s, and untimed, the turns ahead were priced by the prior (0.7 s a
-        page) to the end."""
+        2-page dense documents marked bulk (development seed 22, 2 cores) had every turn cut, the
+        first after 10 s, and untimed, the turns ahead were priced by the prior (0.7 s a page) to
+        the end."""
         pages = max(1, pages)
         self._waiting[document] += 1
         self._pages[document] = pages

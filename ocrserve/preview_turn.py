@@ -50,12 +50,11 @@ class HeldTurn:
 
     def untimed(self) -> None:
         """Leave this turn out of the turns timed: it took its line units kept from an earlier turn
-        of the same document, in milliseconds. Timed, such turns can make the median turn
-        nothing: turns of 0.5, 0, 0 and 0 s a page price any turns ahead at 0 s. A tester saw it
-        once (2 cores): four posts of one 2-page document at once, then twelve new 4-page documents
-        marked bulk, nine of them queued and cut at the 10-s ``router.admission_timeout_s``
-        (10.02-10.03 s) rather than refused on arrival; whether it shows depends on the posts
-        reaching the turn before the count ends."""
+        of the same document, in milliseconds. Timed, such turns made the median turn nothing
+        (turns of 0.5, 0, 0 and 0 s a page price any turns ahead at 0 s): twelve clients posting
+        one 2-page document at once, then twelve new 2- to 4-page documents marked bulk 5 s later
+        (2 cores), had 8 and 9 of the new ones queue and be cut at the 10-s
+        ``router.admission_timeout_s``; untimed, 1, and 7 were refused on arrival."""
         self.timed = False
 
 

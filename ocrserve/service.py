@@ -360,8 +360,7 @@ class OcrService:
                 (:meth:`~ocrserve.preview_turn.PreviewTurn.previewed_in_s`).
         """
         if terms.engine_class is not EngineClass.BACKGROUND:  # a single page: at once, no limit
-            units = self._kept(key)
-            return units if units is not None else await count()
+            return await count()  # nothing awaited since _units found none kept
 
         turn, previewed = self._turns[terms.lane], indices[:PREVIEW_PAGES]
 
